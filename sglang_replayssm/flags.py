@@ -1,0 +1,187 @@
+"""The ReplaySSM command-line flags, shared by the native launcher and the SGLang plugin.
+
+One definition, one validation, so both engines accept exactly the same spellings:
+
+    --replayssm-window N                      records folded per flush (L), default 16
+    --replayssm-ckpt-precision {fp32,fp16-sr} recurrence checkpoint precision
+    --replayssm-read-copy {none,fp8,nvfp4}    low-precision copy read by non-flush steps
+    --replayssm-decode / --no-replayssm-decode   ReplaySSM decode (off: conventional SSM decode)
+    --replayssm-verify / --no-replayssm-verify   ReplaySSM speculative verify (off: conventional)
+
+Usage:
+    add_replayssm_args(parser)                 # argparse
+    opts = ReplaySSMOptions.from_args(args)    # validates, raises FlagError naming the flag
+    cfg = opts.replay_config(max_drafts=4)     # -> sglang_replayssm.pool.ReplayConfig
+    env = opts.to_env()                        # hand the options to spawned processes
+    opts = ReplaySSMOptions.from_env()         # ... and read them back there
+
+This module imports only the standard library (the pool is imported lazily by replay_config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Mapping, Sequence
+
+CKPT_PRECISIONS = ("fp32", "fp16-sr")
+READ_COPIES = ("none", "fp8", "nvfp4")
+MAX_WINDOW = 1024
+ENV_VAR = "SGLANG_REPLAYSSM_OPTIONS"
+
+# flag spelling -> (argparse dest, takes a value)
+FLAG_SPELLINGS = {
+    "--replayssm-window": ("replayssm_window", True),
+    "--replayssm-ckpt-precision": ("replayssm_ckpt_precision", True),
+    "--replayssm-read-copy": ("replayssm_read_copy", True),
+    "--replayssm-decode": ("replayssm_decode", False),
+    "--no-replayssm-decode": ("replayssm_decode", False),
+    "--replayssm-verify": ("replayssm_verify", False),
+    "--no-replayssm-verify": ("replayssm_verify", False),
+}
+
+
+class FlagError(ValueError):
+    """A bad ReplaySSM flag value; `flag` is the spelling the user typed."""
+
+    def __init__(self, flag: str, message: str):
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+
+
+def _window(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    return value
+
+
+def add_replayssm_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Add the ReplaySSM flags (in their own argument group) to `parser`."""
+    group = parser.add_argument_group("ReplaySSM")
+    group.add_argument(
+        "--replayssm-window", type=_window, default=16, metavar="L",
+        help=f"records per sequence folded into the checkpoint at a flush (1..{MAX_WINDOW}, default 16)")
+    group.add_argument(
+        "--replayssm-ckpt-precision", choices=CKPT_PRECISIONS, default="fp32",
+        help="precision of the recurrence checkpoint (default fp32)")
+    group.add_argument(
+        "--replayssm-read-copy", choices=READ_COPIES, default="none",
+        help="low-precision read copy written at each flush and read by non-flush steps (default none)")
+    group.add_argument(
+        "--replayssm-decode", action=argparse.BooleanOptionalAction, default=True,
+        help="decode SSM layers with ReplaySSM (--no-replayssm-decode: conventional state update)")
+    group.add_argument(
+        "--replayssm-verify", action=argparse.BooleanOptionalAction, default=True,
+        help="verify speculative drafts with ReplaySSM output-only verify and pointer commit "
+             "(--no-replayssm-verify: conventional per-draft stepping)")
+    return group
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySSMOptions:
+    window: int = 16
+    ckpt_precision: str = "fp32"
+    read_copy: str = "none"
+    decode: bool = True
+    verify: bool = True
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, int):
+            raise FlagError("--replayssm-window", f"expected an integer, got {self.window!r}")
+        if not 1 <= self.window <= MAX_WINDOW:
+            raise FlagError("--replayssm-window", f"must be in 1..{MAX_WINDOW}, got {self.window}")
+        if self.ckpt_precision not in CKPT_PRECISIONS:
+            raise FlagError("--replayssm-ckpt-precision",
+                            f"must be one of {', '.join(CKPT_PRECISIONS)}, got {self.ckpt_precision!r}")
+        if self.read_copy not in READ_COPIES:
+            raise FlagError("--replayssm-read-copy",
+                            f"must be one of {', '.join(READ_COPIES)}, got {self.read_copy!r}")
+        for name, flag in (("decode", "--replayssm-decode"), ("verify", "--replayssm-verify")):
+            if not isinstance(getattr(self, name), bool):
+                raise FlagError(flag, f"expected true/false, got {getattr(self, name)!r}")
+        if not self.decode and (self.read_copy != "none" or self.ckpt_precision != "fp32"):
+            flag = "--replayssm-read-copy" if self.read_copy != "none" else "--replayssm-ckpt-precision"
+            raise FlagError(flag, "needs ReplaySSM decode (drop --no-replayssm-decode, "
+                                  "or keep fp32 / none for the conventional baseline)")
+
+    def check_model(self, head_k_dim: int) -> None:
+        """Checks that depend on the model's SSM geometry."""
+        if self.read_copy == "nvfp4" and head_k_dim % 16:
+            raise FlagError("--replayssm-read-copy",
+                            f"nvfp4 needs the SSM key dim to be a multiple of 16, the model has {head_k_dim}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ReplaySSMOptions":
+        return cls(window=args.replayssm_window, ckpt_precision=args.replayssm_ckpt_precision,
+                   read_copy=args.replayssm_read_copy, decode=args.replayssm_decode,
+                   verify=args.replayssm_verify)
+
+    @classmethod
+    def parse(cls, argv: Sequence[str]) -> "ReplaySSMOptions":
+        """Parse ReplaySSM flags alone (e.g. the part split off by split_argv)."""
+        parser = argparse.ArgumentParser(prog="replayssm", add_help=False)
+        add_replayssm_args(parser)
+        return cls.from_args(parser.parse_args(list(argv)))
+
+    def to_argv(self) -> list[str]:
+        return ["--replayssm-window", str(self.window),
+                "--replayssm-ckpt-precision", self.ckpt_precision,
+                "--replayssm-read-copy", self.read_copy,
+                "--replayssm-decode" if self.decode else "--no-replayssm-decode",
+                "--replayssm-verify" if self.verify else "--no-replayssm-verify"]
+
+    def to_env(self) -> dict[str, str]:
+        return {ENV_VAR: json.dumps(dataclasses.asdict(self), sort_keys=True)}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ReplaySSMOptions":
+        """Options stored by to_env(); defaults when the variable is unset."""
+        text = (os.environ if environ is None else environ).get(ENV_VAR)
+        if not text:
+            return cls()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FlagError(ENV_VAR, f"not valid JSON: {e}") from None
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise FlagError(ENV_VAR, f"unknown keys {sorted(unknown)}")
+        return cls(**data)
+
+    def replay_config(self, max_drafts: int = 0, **overrides):
+        """The pool's ReplayConfig for these options (lazy import of the pool)."""
+        from sglang_replayssm.pool import ReplayConfig
+
+        kwargs = dict(window=self.window, max_drafts=max_drafts, ckpt=self.ckpt_precision,
+                      read_copy=self.read_copy, mode="replay" if self.decode else "conventional")
+        kwargs.update(overrides)
+        return ReplayConfig(**kwargs)
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split argv into (ReplaySSM flags, everything else); accepts `--flag value` and `--flag=value`."""
+    ours, rest = [], []
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        spec = FLAG_SPELLINGS.get(name)
+        if spec is None:
+            rest.append(arg)
+        else:
+            ours.append(arg)
+            if spec[1] and "=" not in arg:
+                if i + 1 >= len(argv):
+                    raise FlagError(name, "expected a value")
+                ours.append(argv[i + 1])
+                i += 1
+        i += 1
+    return ours, rest
