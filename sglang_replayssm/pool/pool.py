@@ -1,0 +1,364 @@
+"""ReplayStatePool: per-slot checkpoint (+ read copy), record ring, cursors and conv state for a set
+of SSM layers of one family. Layout: docs/layout.md. Engine-agnostic: the native engine and the
+SGLang plugin both keep their SSM states here.
+
+The pool owns storage, slot bookkeeping and the pointer moves (``advance`` after a decode step,
+``commit`` after a verify). The arithmetic that reads and writes states (decode, verify, the fold of a
+flush) lives in ``reference/`` (PyTorch) and ``kernels/`` (Triton), with the same signatures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .config import ReplayConfig, SSMGeometry
+from .errors import BadSlotError, CommitError, DoubleFreeError, DraftOverflowError, PoolExhaustedError
+
+PADDING_SLOT = 0
+
+
+class SlotAllocator:
+    """Free-list allocator over slots ``1..num_slots``; slot 0 is the padding slot and never handed out."""
+
+    def __init__(self, num_slots: int):
+        if num_slots < 1:
+            raise PoolExhaustedError(f"a pool needs at least one usable slot, got num_slots={num_slots}")
+        self.num_slots = num_slots
+        self._free = list(range(num_slots, 0, -1))  # pop() hands out the lowest slot first
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} slots")
+        if n > len(self._free):
+            raise PoolExhaustedError(f"requested {n} slots but only {len(self._free)} of {self.num_slots} are free")
+        out = [self._free.pop() for _ in range(n)]
+        self._used.update(out)
+        return out
+
+    def check(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 1 <= slot <= self.num_slots:
+            raise BadSlotError(f"slot {slot!r} is out of range 1..{self.num_slots} (0 is the padding slot)")
+        if slot not in self._used:
+            raise BadSlotError(f"slot {slot} is not allocated")
+
+    def free(self, slots: Sequence[int]) -> None:
+        slots = list(slots)
+        if len(set(slots)) != len(slots):
+            raise DoubleFreeError(f"slots {slots} freed twice in one call")
+        for s in slots:
+            if not isinstance(s, int) or not 1 <= s <= self.num_slots:
+                raise BadSlotError(f"slot {s!r} is out of range 1..{self.num_slots} (0 is the padding slot)")
+            if s not in self._used:
+                raise DoubleFreeError(f"slot {s} is not allocated (double free?)")
+        for s in slots:
+            self._used.remove(s)
+            self._free.append(s)
+        self._free.sort(reverse=True)
+
+    def is_allocated(self, slot: int) -> bool:
+        return slot in self._used
+
+
+@dataclass
+class LayerView:
+    """The tensors of one SSM layer (views into the pool's stacked tensors); ``None`` where the
+    configuration keeps no such tensor."""
+
+    layer: int
+    ckpt: torch.Tensor
+    rc: torch.Tensor | None
+    rc_scale: torch.Tensor | None
+    rc_gscale: torch.Tensor | None
+    rec_d: torch.Tensor | None
+    rec_k: torch.Tensor | None
+    rec_g: torch.Tensor | None
+    conv: torch.Tensor | None
+    conv_in: torch.Tensor | None
+    snap: torch.Tensor | None
+
+
+class ReplayStatePool:
+    """See module docstring and docs/layout.md for the tensors."""
+
+    def __init__(self, geometry: SSMGeometry, num_layers: int, num_slots: int, config: ReplayConfig | None = None,
+                 device: str | torch.device = "cpu", act_dtype: torch.dtype = torch.float32):
+        if num_layers < 1:
+            raise BadSlotError(f"num_layers must be >= 1, got {num_layers}")
+        self.geo = geometry
+        self.cfg = config or ReplayConfig()
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.device = torch.device(device)
+        self.act_dtype = act_dtype
+        self.allocator = SlotAllocator(num_slots)
+        g, c = geometry, self.cfg
+        nl, S = num_layers, num_slots + 1
+        H, Dv, Dk, Hk = g.num_heads, g.head_v_dim, g.head_k_dim, g.num_k_heads
+        if c.read_copy == "nvfp4" and Dk % 16:
+            from .errors import ConfigError
+            raise ConfigError(f"read_copy='nvfp4' needs head_k_dim to be a multiple of 16, got {Dk}")
+        z = dict(device=self.device)
+        self.ckpt = torch.zeros(nl, S, H, Dv, Dk, dtype=c.ckpt_dtype, **z)
+        self.rc = self.rc_scale = self.rc_gscale = None
+        if c.read_copy == "fp8":
+            self.rc = torch.zeros(nl, S, H, Dv, Dk, dtype=torch.float8_e4m3fn, **z)
+            self.rc_scale = torch.ones(nl, S, H, Dv, dtype=torch.float32, **z)
+        elif c.read_copy == "nvfp4":
+            self.rc = torch.zeros(nl, S, H, Dv, Dk // 2, dtype=torch.uint8, **z)
+            self.rc_scale = torch.zeros(nl, S, H, Dv, Dk // 16, dtype=torch.float8_e4m3fn, **z)
+            self.rc_gscale = torch.ones(nl, S, H, dtype=torch.float32, **z)
+        self.rec_d = self.rec_k = self.rec_g = self.snap = None
+        if c.mode == "replay":
+            R = c.ring_capacity
+            self.rec_d = torch.zeros(nl, S, R, H, Dv, dtype=c.record_dtype, **z)
+            self.rec_k = torch.zeros(nl, S, R, Hk, Dk, dtype=c.record_dtype, **z)
+            gshape = (nl, S, R, H, Dk) if g.per_channel_decay else (nl, S, R, H)
+            self.rec_g = torch.zeros(*gshape, dtype=torch.float32 if c.ckpt != "fp64" else torch.float64, **z)
+        elif c.max_drafts:
+            self.snap = torch.zeros(nl, S, c.max_drafts, H, Dv, Dk, dtype=c.ckpt_dtype, **z)
+        self.conv = self.conv_in = None
+        if g.conv_dim:
+            self.conv = torch.zeros(nl, S, g.conv_dim, max(g.conv_kernel - 1, 0), dtype=act_dtype, **z)
+            if c.max_drafts:
+                self.conv_in = torch.zeros(nl, S, c.max_drafts, g.conv_dim, dtype=act_dtype, **z)
+        self.cursor = torch.zeros(S, dtype=torch.int32, **z)
+        self.folded = torch.zeros(S, dtype=torch.int64, **z)
+        self._pending: dict[int, tuple[int, list[int] | None]] = {}
+
+    # ------------------------------------------------------------------ views and sizes
+    def layer(self, l: int) -> LayerView:
+        if not 0 <= l < self.num_layers:
+            raise BadSlotError(f"layer {l} out of range 0..{self.num_layers - 1}")
+        pick = lambda t: None if t is None else t[l]  # noqa: E731
+        return LayerView(l, self.ckpt[l], pick(self.rc), pick(self.rc_scale), pick(self.rc_gscale), pick(self.rec_d),
+                         pick(self.rec_k), pick(self.rec_g), pick(self.conv), pick(self.conv_in), pick(self.snap))
+
+    def _per_slot_tensors(self) -> list[torch.Tensor]:
+        ts = [self.ckpt, self.rc, self.rc_scale, self.rc_gscale, self.rec_d, self.rec_k, self.rec_g, self.snap,
+              self.conv, self.conv_in]
+        return [t for t in ts if t is not None]
+
+    def bytes_per_slot(self) -> int:
+        """Exact device bytes one slot occupies (all layers), cursors included."""
+        per = sum(t[:, 0].numel() * t.element_size() for t in self._per_slot_tensors())
+        return per + self.cursor.element_size() + self.folded.element_size()
+
+    @staticmethod
+    def slot_bytes(geometry: SSMGeometry, num_layers: int, config: ReplayConfig,
+                   act_dtype: torch.dtype = torch.float32) -> int:
+        """``bytes_per_slot`` of a pool of this configuration, without allocating one."""
+        probe = ReplayStatePool(geometry, num_layers, 1, config, device="meta", act_dtype=act_dtype)
+        return probe.bytes_per_slot()
+
+    @staticmethod
+    def capacity(geometry: SSMGeometry, num_layers: int, config: ReplayConfig, budget_bytes: int,
+                 act_dtype: torch.dtype = torch.float32) -> dict:
+        """How many sequences fit in ``budget_bytes``: this configuration vs the snapshot-per-draft scheme
+        (a full-precision state per sequence plus one state and conv window snapshot per draft token)."""
+        ours = ReplayStatePool.slot_bytes(geometry, num_layers, config, act_dtype)
+        snap_cfg = ReplayConfig(window=1, max_drafts=config.max_drafts, mode="conventional",
+                                ckpt="fp64" if config.ckpt == "fp64" else "fp32")
+        theirs = ReplayStatePool.slot_bytes(geometry, num_layers, snap_cfg, act_dtype)
+        return {"bytes_per_slot": ours, "snapshot_bytes_per_slot": theirs,
+                "sequences": budget_bytes // ours, "snapshot_sequences": budget_bytes // theirs}
+
+    # ------------------------------------------------------------------ slots
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def alloc(self, n: int = 1) -> list[int]:
+        slots = self.allocator.alloc(n)
+        self.reset(slots)
+        return slots
+
+    def free(self, slots: Sequence[int]) -> None:
+        self.allocator.free(slots)
+        for s in slots:
+            self._pending.pop(s, None)
+
+    def check_slots(self, slots: Sequence[int]) -> list[int]:
+        slots = [int(s) for s in slots]
+        for s in slots:
+            self.allocator.check(s)
+        return slots
+
+    def _index(self, slots: Sequence[int]) -> torch.Tensor:
+        return torch.as_tensor(list(slots), dtype=torch.long, device=self.device)
+
+    def reset(self, slots: Sequence[int]) -> None:
+        """Zero every tensor of the slots (a fresh sequence: empty state, empty ring)."""
+        idx = self._index(self.check_slots(slots))
+        for t in self._per_slot_tensors():
+            t[:, idx] = 0
+        for t in (self.rc_scale, self.rc_gscale):
+            if t is not None and t.dtype == torch.float32:
+                t[:, idx] = 1
+        self.cursor[idx] = 0
+        self.folded[idx] = 0
+        for s in slots:
+            self._pending.pop(int(s), None)
+
+    def fork(self, src: int, dst: int | Sequence[int]) -> None:
+        """Copy everything of slot ``src`` into ``dst`` (prefix-cache copy-on-write, parallel sampling)."""
+        dsts = [dst] if isinstance(dst, int) else list(dst)
+        self.check_slots([src, *dsts])
+        if src in dsts:
+            raise BadSlotError(f"cannot fork slot {src} onto itself")
+        if src in self._pending:
+            raise CommitError(f"slot {src} has an uncommitted verify: commit before forking it")
+        idx = self._index(dsts)
+        for t in self._per_slot_tensors():
+            t[:, idx] = t[:, src].unsqueeze(1)
+        self.cursor[idx] = self.cursor[src]
+        self.folded[idx] = self.folded[src]
+
+    # ------------------------------------------------------------------ pointer moves
+    def advance(self, slots: torch.Tensor) -> None:
+        """After a decode step over all layers: ``cursor += 1``; rows that flushed (``cursor + 1 ==
+        window``) restart at 0. A device op with no host sync (padding rows hit slot 0 harmlessly)."""
+        if self.cfg.mode != "replay":
+            self.folded[slots] += 1
+            return
+        nxt = self.cursor[slots] + 1
+        flushed = nxt >= self.cfg.window
+        self.folded[slots] += torch.where(flushed, nxt, torch.zeros_like(nxt)).to(self.folded.dtype)
+        self.cursor[slots] = torch.where(flushed, torch.zeros_like(nxt), nxt)
+
+    def begin_verify(self, slots: Sequence[int], num_drafts: int, parents: Sequence[Sequence[int]] | None = None) -> None:
+        """Record that ``num_drafts`` draft tokens are about to be appended to each slot's ring."""
+        slots = self.check_slots(slots)
+        if not 1 <= num_drafts <= self.cfg.max_drafts:
+            raise DraftOverflowError(f"{num_drafts} draft tokens requested; this pool holds 1..{self.cfg.max_drafts} "
+                                     f"(ring capacity {self.cfg.ring_capacity} = window {self.cfg.window} + max_drafts)")
+        for i, s in enumerate(slots):
+            if s in self._pending:
+                raise CommitError(f"slot {s} already has a verify pending: commit it first")
+            self._pending[s] = (num_drafts, None if parents is None else list(parents[i]))
+
+    def pending(self, slot: int) -> int:
+        return self._pending.get(slot, (0, None))[0]
+
+    def commit(self, slots: Sequence[int], accepted: Sequence[int], paths: Sequence[Sequence[int]] | None = None,
+               fold: Callable | None = None) -> None:
+        """Accept, per slot, ``accepted[i]`` of its pending drafts: the chain prefix, or (tree drafts)
+        the nodes ``paths[i]`` from root to leaf. The ring pointer moves; rejected records are simply
+        left behind. Rows that reach the window fold their records into the checkpoint with ``fold``
+        (``reference.replay.fold_rows`` by default; ``kernels.<family>.fold`` on GPU)."""
+        slots = self.check_slots(slots)
+        accepted = [int(a) for a in accepted]
+        if len(accepted) != len(slots) or (paths is not None and len(paths) != len(slots)):
+            raise CommitError("commit needs one accepted count (and one path) per slot")
+        node_paths: list[list[int]] = []
+        for i, s in enumerate(slots):
+            if s not in self._pending:
+                raise CommitError(f"slot {s} has no pending verify to commit")
+            T, parents = self._pending[s]
+            a = accepted[i]
+            if not 0 <= a <= T:
+                raise CommitError(f"slot {s}: accepted {a} of {T} pending drafts")
+            path = list(range(a)) if paths is None else [int(n) for n in paths[i]]
+            if len(path) != a:
+                raise CommitError(f"slot {s}: path {path} has {len(path)} nodes but accepted={a}")
+            tree = parents if parents is not None else list(range(-1, T - 1))
+            prev = -1
+            for n in path:
+                if not 0 <= n < T or tree[n] != prev:
+                    raise CommitError(f"slot {s}: path {path} is not a root-to-node path of the draft tree {tree}")
+                prev = n
+            node_paths.append(path)
+        for s in slots:
+            del self._pending[s]
+        if self.cfg.mode == "conventional":
+            self._commit_snapshots(slots, node_paths)
+        else:
+            self._commit_records(slots, node_paths, fold)
+        self._commit_conv(slots, node_paths)
+
+    def _commit_records(self, slots: list[int], paths: list[list[int]], fold: Callable | None) -> None:
+        cur = self.cursor[self._index(slots)].tolist()
+        for s, c, path in zip(slots, cur, paths):
+            if path != list(range(len(path))):  # tree: gather the accepted nodes' records to the front
+                src = self._index([c + n for n in path])
+                dst = self._index(range(c, c + len(path)))
+                for t in (self.rec_d, self.rec_k, self.rec_g):
+                    t[:, s, dst] = t[:, s, src]
+        new = [c + len(p) for c, p in zip(cur, paths)]
+        full = [(s, n) for s, n in zip(slots, new) if n >= self.cfg.window]
+        if full:
+            if fold is None:
+                from ..reference.replay import fold_rows as fold
+            fs = [s for s, _ in full]
+            counts = [n for _, n in full]
+            for layer in range(self.num_layers):
+                fold(self, layer, fs, counts)
+        for s, n in zip(slots, new):
+            if n >= self.cfg.window:
+                self.folded[s] += n
+                self.cursor[s] = 0
+            else:
+                self.cursor[s] = n
+
+    def _commit_snapshots(self, slots: list[int], paths: list[list[int]]) -> None:
+        for s, path in zip(slots, paths):
+            if path:
+                self.ckpt[:, s] = self.snap[:, s, path[-1]]
+                self.folded[s] += len(path)
+
+    def _commit_conv(self, slots: list[int], paths: list[list[int]]) -> None:
+        if self.conv is None or self.conv_in is None or self.conv.shape[-1] == 0:
+            return
+        width = self.conv.shape[-1]
+        for s, path in zip(slots, paths):
+            if not path:
+                continue
+            new_cols = self.conv_in[:, s, self._index(path)].transpose(-1, -2)  # [nl, conv_dim, a]
+            hist = torch.cat([self.conv[:, s], new_cols], dim=-1)
+            self.conv[:, s] = hist[..., -width:]
+
+    # ------------------------------------------------------------------ whole-state access
+    def write_state(self, layer: int, slots: Sequence[int], state: torch.Tensor) -> None:
+        """Prefill result: ``state [B, H, Dv, Dk]`` becomes the checkpoint (and read copy); ring empty."""
+        from ..reference.replay import store_checkpoint
+        slots = self.check_slots(slots)
+        if self.cfg.mode == "replay" and (self.cursor[self._index(slots)] != 0).any():
+            raise CommitError("write_state on a slot with uncommitted records: it would drop them")
+        store_checkpoint(self, layer, slots, state)
+
+    def note_prefill(self, slots: Sequence[int], num_tokens: Sequence[int]) -> None:
+        """Count prefilled tokens as folded (the stochastic-rounding stream advances with them)."""
+        for s, n in zip(self.check_slots(slots), num_tokens):
+            self.folded[s] += int(n)
+
+    def materialize(self, layer: int, slots: Sequence[int]) -> torch.Tensor:
+        """The current full state ``[B, H, Dv, Dk]`` of each slot (checkpoint + committed records)."""
+        from ..reference.replay import committed_state
+        return torch.stack([committed_state(self, layer, s) for s in self.check_slots(slots)])
+
+    def force_flush(self, slots: Sequence[int], fold: Callable | None = None) -> None:
+        """Fold committed records into the checkpoint now (e.g. at a prefix-cache boundary)."""
+        slots = self.check_slots(slots)
+        if self.cfg.mode != "replay":
+            return
+        for s in slots:
+            if s in self._pending:
+                raise CommitError(f"slot {s} has a verify pending: commit before flushing")
+        cur = self.cursor[self._index(slots)].tolist()
+        rows = [(s, c) for s, c in zip(slots, cur) if c > 0]
+        if not rows:
+            return
+        if fold is None:
+            from ..reference.replay import fold_rows as fold
+        for layer in range(self.num_layers):
+            fold(self, layer, [s for s, _ in rows], [c for _, c in rows])
+        for s, c in rows:
+            self.folded[s] += c
+            self.cursor[s] = 0

@@ -1,0 +1,157 @@
+"""ReplaySSM operations on a :class:`~sglang_replayssm.pool.ReplayStatePool`, in plain PyTorch.
+
+These take the generic form of ``core`` (``q, k`` per k-head, ``v`` or ``u`` per value head, log-decay
+``g``, ``beta``); the family modules turn raw model inputs into it. Rows are processed one by one:
+slow and obvious, the oracle for the Triton kernels (same effects on the pool's tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import core
+from .quant import (dequant_fp8_rows, dequant_nvfp4, fake_quant, quant_fp8_rows, quant_nvfp4, round_fp16_sr,
+                    state_element_index)
+
+
+def _g_full(pool, g: torch.Tensor) -> torch.Tensor:
+    dk = pool.geo.head_k_dim
+    return g if pool.geo.per_channel_decay else g.unsqueeze(-1).expand(*g.shape, dk)
+
+
+def hp_checkpoint(pool, layer: int, slot: int) -> torch.Tensor:
+    """The recurrence checkpoint of a slot, in compute precision."""
+    return pool.ckpt[layer, slot].to(pool.cfg.compute_dtype)
+
+
+def read_checkpoint(pool, layer: int, slot: int) -> torch.Tensor:
+    """What a non-flush step reads: the dequantized read copy, or the checkpoint itself."""
+    kind = pool.cfg.read_copy
+    if kind == "fp8":
+        return dequant_fp8_rows(pool.rc[layer, slot], pool.rc_scale[layer, slot])
+    if kind == "nvfp4":
+        return dequant_nvfp4(pool.rc[layer, slot], pool.rc_scale[layer, slot], pool.rc_gscale[layer, slot])
+    return hp_checkpoint(pool, layer, slot)
+
+
+def records(pool, layer: int, slot: int, n: int, start: int = 0) -> core.Records:
+    """Records ``start .. start+n-1`` of a slot in core form (k expanded to value heads, g to ``[H, Dk]``)."""
+    dt = pool.cfg.compute_dtype
+    H = pool.geo.num_heads
+    d = pool.rec_d[layer, slot, start:start + n].to(dt)
+    k = core.expand_heads(pool.rec_k[layer, slot, start:start + n].to(dt), H)
+    g = _g_full(pool, pool.rec_g[layer, slot, start:start + n].to(dt))
+    return core.Records(d, k, g)
+
+
+def store_checkpoint(pool, layer: int, slots: Sequence[int], states: torch.Tensor,
+                     streams: Sequence[int] | None = None) -> None:
+    """Write new checkpoints (a flush, or a prefill): the recurrence copy at its precision (stochastic
+    rounding for fp16, seeded by the slot's ``folded`` count ``streams``), the read copy, or, in shared
+    mode, the quantized value as the recurrence state itself."""
+    cfg = pool.cfg
+    for i, s in enumerate(slots):
+        S = states[i].to(cfg.compute_dtype)
+        stream = int(pool.folded[s]) if streams is None else int(streams[i])
+        if cfg.shared_quant:
+            pool.ckpt[layer, s] = fake_quant(S, cfg.read_copy).to(pool.ckpt.dtype)
+        elif cfg.ckpt == "fp16-sr":
+            idx = state_element_index(pool.geo.state_shape, layer, device=S.device)
+            pool.ckpt[layer, s] = round_fp16_sr(S, cfg.sr_seed, stream, idx)
+        else:
+            pool.ckpt[layer, s] = S.to(pool.ckpt.dtype)
+        if cfg.read_copy == "fp8":
+            pool.rc[layer, s], pool.rc_scale[layer, s] = quant_fp8_rows(S)
+        elif cfg.read_copy == "nvfp4":
+            pool.rc[layer, s], pool.rc_scale[layer, s], pool.rc_gscale[layer, s] = quant_nvfp4(S)
+
+
+def committed_state(pool, layer: int, slot: int) -> torch.Tensor:
+    """The full current state of a slot (checkpoint folded with its committed records)."""
+    if pool.cfg.mode != "replay":
+        return hp_checkpoint(pool, layer, slot)
+    n = int(pool.cursor[slot])
+    return core.fold(hp_checkpoint(pool, layer, slot), records(pool, layer, slot, n))
+
+
+def fold_rows(pool, layer: int, slots: Sequence[int], counts: Sequence[int]) -> None:
+    """Flush: fold the first ``counts[i]`` records of each slot into its checkpoint (cursors untouched)."""
+    states = [core.fold(hp_checkpoint(pool, layer, s), records(pool, layer, s, n)) for s, n in zip(slots, counts)]
+    streams = [int(pool.folded[s]) + n for s, n in zip(slots, counts)]
+    store_checkpoint(pool, layer, slots, torch.stack(states), streams)
+
+
+def _write_record(pool, layer: int, slot: int, pos: int, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> None:
+    pool.rec_d[layer, slot, pos] = d.to(pool.rec_d.dtype)
+    pool.rec_k[layer, slot, pos] = k.to(pool.rec_k.dtype)
+    pool.rec_g[layer, slot, pos] = g.to(pool.rec_g.dtype)
+
+
+def decode_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                g: torch.Tensor, beta: torch.Tensor | None) -> torch.Tensor:
+    """One decode token per row in core form: ``q, k [B, Hk, Dk]``, ``v [B, H, Dv]``, ``g [B, H]`` (KDA
+    ``[B, H, Dk]``), ``beta [B, H]`` or None. Non-flush rows append a record; a row whose record fills
+    the window (``cursor + 1 == window``) also folds the window into its checkpoint. Cursors are not
+    moved (``pool.advance`` does that once per step). Returns ``o [B, H, Dv]`` in compute precision."""
+    cfg, H = pool.cfg, pool.geo.num_heads
+    dt = cfg.compute_dtype
+    out = torch.empty(v.shape, dtype=dt, device=v.device)
+    for b, s in enumerate(slots.tolist()):
+        qb = core.expand_heads(q[b].to(dt), H)
+        kb = core.expand_heads(k[b].to(dt), H)
+        gb = _g_full(pool, g[b].to(dt))
+        bb = None if beta is None else beta[b].to(dt)
+        if cfg.mode == "conventional":
+            out[b], S = core.conventional_step(hp_checkpoint(pool, layer, s), qb, kb, v[b].to(dt), gb, bb)
+            pool.ckpt[layer, s] = S.to(pool.ckpt.dtype)
+            continue
+        c = int(pool.cursor[s])
+        flush = c + 1 >= cfg.window
+        rec = records(pool, layer, s, c)
+        S0 = hp_checkpoint(pool, layer, s) if flush else read_checkpoint(pool, layer, s)
+        o, d = core.evaluate_tokens(S0, rec, qb[None], kb[None], v[b:b + 1].to(dt), gb[None],
+                                    None if bb is None else bb[None])
+        out[b] = o[0]
+        _write_record(pool, layer, s, c, d[0], k[b], g[b])
+        if flush:
+            fold_rows(pool, layer, [s], [c + 1])
+    return out
+
+
+def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                g: torch.Tensor, beta: torch.Tensor | None,
+                parents: torch.Tensor | Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+    """``T`` draft tokens per row (``[B, T, ...]`` inputs) by output-only evaluation: outputs for every
+    draft, draft records written at ring positions ``cursor .. cursor+T-1``; nothing else changes.
+    Conventional mode instead steps the state through the drafts and keeps one snapshot per draft."""
+    cfg, H = pool.cfg, pool.geo.num_heads
+    dt = cfg.compute_dtype
+    B, T = v.shape[:2]
+    if T > cfg.max_drafts:
+        from ..pool.errors import DraftOverflowError
+        raise DraftOverflowError(f"{T} drafts exceed max_drafts={cfg.max_drafts}")
+    out = torch.empty(v.shape, dtype=dt, device=v.device)
+    for b, s in enumerate(slots.tolist()):
+        par = None if parents is None else [int(p) for p in parents[b]]
+        qb = core.expand_heads(q[b].to(dt), H)
+        kb = core.expand_heads(k[b].to(dt), H)
+        gb = _g_full(pool, g[b].to(dt))
+        bb = None if beta is None else beta[b].to(dt)
+        if cfg.mode == "conventional":
+            par = par if par is not None else list(range(-1, T - 1))
+            base = hp_checkpoint(pool, layer, s)
+            for i in range(T):
+                S_in = base if par[i] < 0 else pool.snap[layer, s, par[i]].to(dt)
+                out[b, i], S = core.conventional_step(S_in, qb[i], kb[i], v[b, i].to(dt), gb[i],
+                                                      None if bb is None else bb[i])
+                pool.snap[layer, s, i] = S.to(pool.snap.dtype)
+            continue
+        c = int(pool.cursor[s])
+        o, d = core.evaluate_tokens(read_checkpoint(pool, layer, s), records(pool, layer, s, c), qb, kb,
+                                    v[b].to(dt), gb, bb, par)
+        out[b] = o
+        for i in range(T):
+            _write_record(pool, layer, s, c + i, d[i], k[b, i], g[b, i])
+    return out
