@@ -217,9 +217,9 @@ class ReplayStatePool:
             raise CommitError(f"slot {src} has an uncommitted verify: commit before forking it")
         idx = self._index(dsts)
         for t in self._per_slot_tensors():
-            t[:, idx] = t[:, src].unsqueeze(1)
-        self.cursor[idx] = self.cursor[src]
-        self.folded[idx] = self.folded[src]
+            t[:, idx] = t[:, src].unsqueeze(1).clone()
+        self.cursor[idx] = self.cursor[src].clone()
+        self.folded[idx] = self.folded[src].clone()
 
     # ------------------------------------------------------------------ pointer moves
     def advance(self, slots: torch.Tensor) -> None:
