@@ -1,0 +1,378 @@
+"""Shared pieces of the ReplaySSM Triton kernels: interpreter switch, small math helpers,
+read-copy quantizers (fp8 e4m3 per row, NVFP4), fp16 stochastic rounding, validation helpers.
+
+The interpreter switch (CPU machines) lives in the package ``__init__``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+SOFTPLUS_THRESHOLD = 20.0
+FP8_MAX = 448.0
+
+RC_NONE, RC_FP8, RC_NVFP4 = 0, 1, 2
+
+
+# ----------------------------------------------------------------------------- math helpers
+@triton.jit
+def softplus(x):
+    return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
+
+
+@triton.jit
+def l2norm(x, EPS: tl.constexpr):
+    return x / tl.sqrt(tl.sum(x * x, axis=0) + EPS)
+
+
+@triton.jit
+def col_select(X, idx, cols):
+    """X[:, idx] of a 2-D tile, as a vector (cols = arange over X's second axis)."""
+    return tl.sum(tl.where(cols[None, :] == idx, X, 0.0), axis=1)
+
+
+@triton.jit
+def row_select(X, idx, rows):
+    """X[idx, :] of a 2-D tile, as a vector (rows = arange over X's first axis)."""
+    return tl.sum(tl.where(rows[:, None] == idx, X, 0.0), axis=0)
+
+
+# ----------------------------------------------------------------------------- fp8 e4m3
+@triton.jit
+def round_e4m3(y):
+    """Round fp32 to the nearest e4m3 value (ties to even, saturating at 448), still in fp32.
+
+    Only used under the interpreter, whose fp32->fp8 cast does not round correctly; on the
+    GPU the hardware conversion (cvt.rn.satfinite) does exactly this."""
+    bits = y.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)
+    ulp = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    r = ((y / ulp + 12582912.0) - 12582912.0) * ulp
+    return tl.minimum(tl.maximum(r, -448.0), 448.0)
+
+
+@triton.jit
+def store_fp8_rows(S, rc_ptrs, rs_ptrs, mask2, mask_row, INTERPRET: tl.constexpr):
+    """Quantize the rows of tile S ([BV, BK], complete rows) to e4m3 with per-row scales."""
+    amax = tl.max(tl.abs(S), axis=1)
+    scale = tl.where(amax == 0.0, 1.0, amax / 448.0)
+    y = S / scale[:, None]
+    if INTERPRET:
+        y = round_e4m3(y)
+    tl.store(rc_ptrs, y.to(tl.float8e4nv), mask=mask2)
+    tl.store(rs_ptrs, scale, mask=mask_row)
+
+
+# ----------------------------------------------------------------------------- NVFP4
+@triton.jit
+def nvfp4_code_value(idx):
+    # table {0, .5, 1, 1.5, 2, 3, 4, 6}
+    return tl.where(idx < 4, idx.to(tl.float32) * 0.5,
+                    tl.where(idx == 4, 2.0, tl.where(idx == 5, 3.0, tl.where(idx == 6, 4.0, 6.0))))
+
+
+@triton.jit
+def dequant_nvfp4_tile(rc_ptr, bs_ptr, gs, o_v, o_k, mask_v, K: tl.constexpr, BK: tl.constexpr,
+                       row_base):
+    """Dequantize rows o_v of one head's NVFP4 read copy into a [BV, BK] fp32 tile.
+
+    rc_ptr: head base of the packed codes [Dv, K//2] (uint8); bs_ptr: head base of the block
+    scales [Dv, K//16] (e4m3); gs: head global scale."""
+    mask2 = mask_v[:, None] & (o_k[None, :] < K)
+    byte = tl.load(rc_ptr + o_v[:, None] * (K // 2) + (o_k[None, :] // 2), mask=mask2, other=0)
+    byte = byte.to(tl.int32)
+    code = tl.where((o_k[None, :] % 2) == 0, byte & 0xF, (byte >> 4) & 0xF)
+    mag = nvfp4_code_value(code & 0x7)
+    val = tl.where((code & 0x8) != 0, -mag, mag)
+    bs = tl.load(bs_ptr + o_v[:, None] * (K // 16) + (o_k[None, :] // 16), mask=mask2,
+                 other=0.0).to(tl.float32)
+    return val * bs * gs
+
+
+# ----------------------------------------------------------------------------- fp16 + SR
+@triton.jit
+def _mix32(h):
+    h = h ^ (h >> 16)
+    h = h * 0x7FEB352D
+    h = h ^ (h >> 15)
+    h = h * 0x846CA68B
+    h = h ^ (h >> 16)
+    return h
+
+
+@triton.jit
+def sr_uniform(seed, stream, idx):
+    """Counter-based uniform in [0, 1), bit-exact with reference.quant.sr_uniform:
+    u = mix(idx ^ mix(seed * 0x9E3779B9 + stream)) >> 8 / 2**24, in uint32 arithmetic."""
+    key = _mix32(seed.to(tl.uint32) * 0x9E3779B9 + stream.to(tl.uint32))
+    h = _mix32(idx.to(tl.uint32) ^ key)
+    return (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
+
+
+# ----------------------------------------------------------------------------- validation
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_tensor(name: str, t, shape=None, dtype=None, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if dtype is not None:
+        dts = dtype if isinstance(dtype, (tuple, list)) else (dtype,)
+        if t.dtype not in dts:
+            raise ValueError(f"{name} must have dtype {' or '.join(map(str, dts))}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+# ----------------------------------------------------------------------------- pool access
+class LayerViews:
+    """The pool tensors of one SSM layer (views, no copies) plus the config the kernels need."""
+
+    def __init__(self, pool, layer: int):
+        cfg = pool.cfg
+        if getattr(cfg, "mode", "replay") != "replay":
+            raise ValueError(f"ReplaySSM kernels need a pool in mode='replay', got mode={cfg.mode!r} "
+                             "(use conventional_decode on pool.ckpt[layer])")
+        if pool.ckpt.dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"kernels support ckpt 'fp32' and 'fp16-sr', got checkpoint dtype {pool.ckpt.dtype}")
+        nl = pool.ckpt.shape[0]
+        if not (0 <= int(layer) < nl):
+            raise ValueError(f"layer must be in [0, {nl}), got {layer}")
+        self.layer = int(layer)
+        self.ckpt = pool.ckpt[layer]
+        self.rec_d = pool.rec_d[layer]
+        self.rec_k = pool.rec_k[layer]
+        self.rec_g = pool.rec_g[layer]
+        self.cursor = pool.cursor
+        self.folded = pool.folded
+        self.window = int(cfg.window)
+        self.R = int(self.rec_d.shape[1])
+        self.num_slots = int(self.ckpt.shape[0])
+        rc_mode = getattr(cfg, "read_copy", "none")
+        self.rc_mode = {"none": RC_NONE, "fp8": RC_FP8, "nvfp4": RC_NVFP4}[rc_mode]
+        self.rc = pool.rc[layer] if self.rc_mode != RC_NONE else None
+        self.rc_scale = pool.rc_scale[layer] if self.rc_mode != RC_NONE else None
+        self.rc_gscale = pool.rc_gscale[layer] if self.rc_mode == RC_NVFP4 else None
+        self.ckpt_sr = getattr(cfg, "ckpt", "fp32") == "fp16-sr"
+        self.shared_quant = bool(getattr(cfg, "shared_quant", False))
+        self.seed = int(getattr(cfg, "sr_seed", 0))
+        H, Dv, Dk = self.ckpt.shape[1:]
+        self.H, self.Dv, self.Dk = int(H), int(Dv), int(Dk)
+        self.Hk = int(self.rec_k.shape[2])
+        self.device = self.ckpt.device
+
+    def rc_args(self):
+        """(rc, rc_scale, rc_gscale) pointers; dummies (the ckpt) where the mode has none."""
+        if self.rc_mode == RC_NONE:
+            return self.ckpt, self.ckpt, self.ckpt
+        if self.rc_mode == RC_FP8:
+            return self.rc, self.rc_scale, self.rc_scale
+        return self.rc, self.rc_scale, self.rc_gscale
+
+
+def check_slots(slots, device, num_slots):
+    check_tensor("slots", slots, dtype=torch.int32, device=device)
+    check(slots.dim() == 1, f"slots must be 1-D [B], got shape {tuple(slots.shape)}")
+    return int(slots.shape[0])
+
+
+# ----------------------------------------------------------------------------- state tiles
+@triton.jit
+def fp16_sr(x, seed, stream, idx):
+    """fp32 -> fp16 with stochastic rounding between the two fp16 neighbours of x
+    (reference.quant.round_fp16_sr)."""
+    x = tl.minimum(tl.maximum(x, -65504.0), 65504.0)
+    r = x.to(tl.float16)
+    rf = r.to(tl.float32)
+    rb = r.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    neg = (rb & 0x8000) != 0
+    mag = rb & 0x7FFF
+    # next fp16 above r (toward +inf) and below r (toward -inf), as bit patterns
+    up_b = tl.where(neg, tl.where(mag == 0, 0x0001, rb - 1), rb + 1)
+    dn_b = tl.where(neg, rb + 1, tl.where(mag == 0, 0x8001, rb - 1))
+    up = up_b.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dn = dn_b.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    below = rf < x
+    lo = tl.where(below, rf, dn)
+    hi = tl.where(below, up, rf)
+    p = (x - lo) / (hi - lo)
+    u = sr_uniform(seed, stream, idx)
+    res = tl.where(u < p, hi, lo)
+    res = tl.where(rf == x, rf, res)
+    return res.to(tl.float16)
+
+
+@triton.jit
+def store_state(S, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
+                seed, stream, idx_base,
+                K: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """Write a [BV, BK] tile of new state: checkpoint (fp32, or fp16 with SR) and read copy.
+
+    head_rows: int64 index of row 0 of this head in the [S*H*Dv] row space."""
+    mask2 = mask_v[:, None] & mask_k[None, :]
+    rows = head_rows + o_v
+    offs = rows[:, None] * K + o_k[None, :]
+    if RC == 1:
+        amax = tl.max(tl.abs(tl.where(mask2, S, 0.0)), axis=1)
+        sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
+        y = S / sc[:, None]
+        if INTERPRET:
+            y = round_e4m3(y)
+        y8 = y.to(tl.float8e4nv)
+        tl.store(rc_ptr + offs, y8, mask=mask2)
+        tl.store(rs_ptr + rows, sc, mask=mask_v)
+        if SHARED:
+            S = y8.to(tl.float32) * sc[:, None]
+    if CKPT_SR:
+        idx = idx_base + (o_v[:, None] * K + o_k[None, :]).to(tl.int64)
+        tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask2)
+    else:
+        tl.store(ckpt_ptr + offs, S.to(ckpt_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def replay_tile(S0, Dr, Kr, Gr, mask_r, PER_CHANNEL: tl.constexpr):
+    """State after the records: S = S0*decay_all + sum_j d_j (w_j * k_j)^T (fp32, exact dot).
+
+    Dr [BR, BV] record d's, Kr [BR, BK] record keys, Gr [BR] (or [BR, BK]) log-decays, records
+    outside mask_r already zero."""
+    if PER_CHANNEL:
+        gtot = tl.sum(Gr, axis=0)
+        W = tl.where(mask_r[:, None], tl.exp(gtot[None, :] - tl.cumsum(Gr, axis=0)), 0.0)
+        S = S0 * tl.exp(gtot)[None, :] + tl.dot(tl.trans(Dr), Kr * W, input_precision="ieee")
+    else:
+        gtot = tl.sum(Gr, axis=0)
+        w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
+        S = S0 * tl.exp(gtot) + tl.dot(tl.trans(Dr * w[:, None]), Kr, input_precision="ieee")
+    return S
+
+
+@triton.jit
+def load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_k, mask_v,
+                    mask_k, K: tl.constexpr, BK: tl.constexpr, RC: tl.constexpr):
+    """[BV, BK] fp32 tile of the checkpoint (RC=0) or of the dequantized read copy."""
+    mask2 = mask_v[:, None] & mask_k[None, :]
+    rows = head_rows + o_v
+    if RC == 0:
+        S = tl.load(ckpt_ptr + rows[:, None] * K + o_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+    elif RC == 1:
+        S = tl.load(rc_ptr + rows[:, None] * K + o_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+        S = S * tl.load(rs_ptr + rows, mask=mask_v, other=0.0)[:, None]
+    else:
+        gs = tl.load(rgs_ptr + i_head)
+        S = dequant_nvfp4_tile(rc_ptr + (head_rows * (K // 2)), rs_ptr + head_rows * (K // 16), gs,
+                               o_v, o_k, mask_v, K, BK, 0)
+    return S
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                 recd_ptr, reck_ptr, recg_ptr, seed, layer,
+                 H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 R: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+                 RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
+                 PER_CHANNEL: tl.constexpr, INTERPRET: tl.constexpr):
+    """Fold records 0..count-1 of each row into its checkpoint (+ read copy). count 0: no-op."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    cnt = tl.load(counts_ptr + i_b)
+    if cnt > 0:
+        i_hk = i_h // (H // HK)
+        slot = tl.load(slots_ptr + i_b).to(tl.int64)
+        o_v = i_v * BV + tl.arange(0, BV)
+        o_k = tl.arange(0, BK)
+        o_r = tl.arange(0, BR)
+        mask_v = o_v < V
+        mask_k = o_k < K
+        mask_r = o_r < cnt
+        head_rows = (slot * H + i_h) * V
+        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
+                             o_v, o_k, mask_v, mask_k, K, BK, 0)
+        Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * HK + i_hk) * K + o_k[None, :],
+                     mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        if PER_CHANNEL:
+            Gr = tl.load(recg_ptr + ((slot * R + o_r[:, None]) * H + i_h) * K + o_k[None, :],
+                         mask=mask_r[:, None] & mask_k[None, :], other=0.0)
+        else:
+            Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
+        S = replay_tile(S0, Dr, Kr, Gr, mask_r, PER_CHANNEL)
+        stream = tl.load(folded_ptr + slot) + cnt
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        store_state(S, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
+                    seed, stream, idx_base, K, RC, CKPT_SR, SHARED, INTERPRET)
+
+
+def fold(pool, layer: int, slots, counts, per_channel: bool,
+         block_v: int | None = None, num_warps: int = 4) -> None:
+    """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place.
+
+    slots / counts: int32 tensors [B] on the pool's device, or sequences of ints (as
+    pool.commit passes them). Rows with counts[b] == 0 are untouched. Does not move
+    cursor/folded (the pool does)."""
+    lv = LayerViews(pool, layer)
+    if not isinstance(slots, torch.Tensor):
+        slots = torch.tensor([int(s) for s in slots], dtype=torch.int32, device=lv.device)
+    if not isinstance(counts, torch.Tensor):
+        counts = torch.tensor([int(c) for c in counts], dtype=torch.int32, device=lv.device)
+    B = check_slots(slots, lv.device, lv.num_slots)
+    check_tensor("counts", counts, shape=(B,), dtype=torch.int32, device=lv.device)
+    if B == 0:
+        return
+    BV = block_v or min(next_pow2(lv.Dv), 32)
+    BK = next_pow2(lv.Dk)
+    BR = max(16, next_pow2(lv.R))
+    rc, rs, rgs = lv.rc_args()
+    grid = (triton.cdiv(lv.Dv, BV), lv.H, B)
+    _fold_kernel[grid](slots, counts, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
+                       lv.rec_g, lv.seed, lv.layer,
+                       H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BK=BK, BR=BR,
+                       RC=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant,
+                       PER_CHANNEL=per_channel, INTERPRET=INTERPRET, num_warps=num_warps)
+
+
+# ----------------------------------------------------------------------------- draft trees
+@triton.jit
+def draft_structure(par_ptr, G, T: tl.constexpr, BT: tl.constexpr, HAS_PARENTS: tl.constexpr):
+    """Ancestor-or-self mask ANC [BT, BT] (ANC[t, i] = 1 iff i is on the path root..t) and the
+    cumulative log-decay LG [BT] (sum of g over that path) of a chain (HAS_PARENTS False) or a
+    tree given by parents (par_ptr: this row's T parents, -1 = hangs off the committed state)."""
+    rows = tl.arange(0, BT)
+    ANC = tl.zeros([BT, BT], dtype=tl.float32)
+    LG = tl.zeros([BT], dtype=tl.float32)
+    for t in tl.static_range(T):
+        if HAS_PARENTS:
+            p = tl.load(par_ptr + t)
+        else:
+            p = t - 1
+        prow = tl.where(p >= 0, row_select(ANC, p, rows), 0.0)
+        plg = tl.where(p >= 0, tl.sum(tl.where(rows == p, LG, 0.0), axis=0), 0.0)
+        gt = tl.sum(tl.where(rows == t, G, 0.0), axis=0)
+        ANC = tl.where(rows[:, None] == t, prow[None, :] + (rows[None, :] == t).to(tl.float32), ANC)
+        LG = tl.where(rows == t, plg + gt, LG)
+    return ANC, LG
+
+
+@triton.jit
+def dot_t(a, b, PREC: tl.constexpr):
+    """a @ b with fp32 accumulation at the chosen input precision."""
+    return tl.dot(a, b, input_precision=PREC)

@@ -1,0 +1,330 @@
+"""Gated DeltaNet (GDN) ReplaySSM kernels: decode (non-flush + flush rows in one launch),
+output-only verify (chain + tree), commit fold, and the conventional decode baseline.
+
+Layout and math: docs/layout.md. Per value head h (k-head h // (H // Hk)):
+  g = -exp(A_log) softplus(a + dt_bias), alpha = exp(g), beta = sigmoid(b),
+  S' = alpha S, d = beta (v - S' k), S_t = S' + d k^T, o = S_t q  (q, k L2-normalised, q scaled).
+A non-flush step reads the checkpoint (or its read copy) once, replays the records for S q and
+S k only (vectors, no state tile), writes the output and one record (d, k, g).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, draft_structure,
+                     l2norm, load_state_tile, next_pow2, replay_tile, row_select, softplus,
+                     store_state)
+from . import common
+
+L2_EPS = 1e-6
+
+
+@triton.jit
+def _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, i_hk, o_k, mask_k,
+               o_v, mask_v, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, EPS: tl.constexpr):
+    qv = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    kv = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    qv = l2norm(qv, EPS) * scale
+    kv = l2norm(kv, EPS)
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
+    bv = tl.load(b_ptr + i_b * H + i_h).to(tl.float32)
+    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    beta = tl.sigmoid(bv)
+    return qv, kv, vv, g, beta
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
+                       slots_ptr, cursor_ptr, folded_ptr,
+                       ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                       scale, seed, layer,
+                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
+                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    is_flush = (cur + 1) >= WINDOW
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    o_r = tl.arange(0, BR)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    mask_r = o_r < cur
+    qv, kv, vv, g, beta = _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b,
+                                     i_h, i_hk, o_k, mask_k, o_v, mask_v, scale, H, HK, K, V, EPS)
+    alpha = tl.exp(g)
+    kq = tl.sum(kv * qv, axis=0)
+    # records 0..cur-1 of this row (k shared by the value heads of a k-head)
+    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
+    Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * HK + i_hk) * K + o_k[None, :],
+                 mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    head_rows = (slot * H + i_h) * V
+    if is_flush:
+        # fold the window into the high-precision checkpoint: S_t = alpha*replay(S0) + d k^T
+        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
+                             o_v, o_k, mask_v, mask_k, K, BK, 0)
+        Sp = alpha * replay_tile(S0, Dr, Kr, Gr, mask_r, False)
+        sq = tl.sum(Sp * qv[None, :], axis=1)
+        sk = tl.sum(Sp * kv[None, :], axis=1)
+        d = beta * (vv - sk)
+        o = sq + d * kq
+        Sn = Sp + d[:, None] * kv[None, :]
+        stream = tl.load(folded_ptr + slot) + WINDOW
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        store_state(Sn, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
+                    seed, stream, idx_base, K, RC, CKPT_SR, SHARED, INTERPRET)
+    else:
+        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
+                             o_v, o_k, mask_v, mask_k, K, BK, RC)
+        sq0 = tl.sum(S0 * qv[None, :], axis=1)
+        sk0 = tl.sum(S0 * kv[None, :], axis=1)
+        gtot = tl.sum(Gr, axis=0)
+        w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
+        cq = w * tl.sum(Kr * qv[None, :], axis=1)
+        ck = w * tl.sum(Kr * kv[None, :], axis=1)
+        gam = tl.exp(gtot)
+        sq = alpha * (gam * sq0 + tl.sum(Dr * cq[:, None], axis=0))
+        sk = alpha * (gam * sk0 + tl.sum(Dr * ck[:, None], axis=0))
+        d = beta * (vv - sk)
+        o = sq + d * kq
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    # the record of this token at ring position cur
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
+             mask=mask_v)
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
+        if i_h % (H // HK) == 0:
+            tl.store(reck_ptr + ((slot * R + cur) * HK + i_hk) * K + o_k,
+                     kv.to(reck_ptr.dtype.element_ty), mask=mask_k)
+
+
+@triton.jit
+def _gdn_conv_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
+                     state_ptr, scale,
+                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BV: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    mask2 = mask_v[:, None] & mask_k[None, :]
+    offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
+    S = tl.load(state_ptr + offs, mask=mask2, other=0.0).to(tl.float32)
+    qv, kv, vv, g, beta = _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b,
+                                     i_h, i_hk, o_k, mask_k, o_v, mask_v, scale, H, HK, K, V, EPS)
+    S = S * tl.exp(g)
+    d = beta * (vv - tl.sum(S * kv[None, :], axis=1))
+    S = S + d[:, None] * kv[None, :]
+    o = tl.sum(S * qv[None, :], axis=1)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(state_ptr + offs, S.to(state_ptr.dtype.element_ty), mask=mask2)
+
+
+@triton.jit
+def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
+                       slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                       recd_ptr, reck_ptr, recg_ptr, scale,
+                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                       BK: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
+    """Output-only verify of T drafts (chain or tree): O = D_q Sc Q + (E * QK^T) Dd, with the
+    draft d's from the within-draft delta-rule solve; writes the T draft records at cursor.."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    o_r = tl.arange(0, BR)
+    o_t = tl.arange(0, BT)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    mask_r = o_r < cur
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    mtk = mask_t[:, None] & mask_k[None, :]
+    Q = tl.load(q_ptr + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
+    Kd = tl.load(k_ptr + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
+    Q = Q / tl.sqrt(tl.sum(Q * Q, axis=1) + EPS)[:, None] * scale
+    Kd = Kd / tl.sqrt(tl.sum(Kd * Kd, axis=1) + EPS)[:, None]
+    Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
+                 mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
+    G = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    G = tl.where(mask_t, G, 0.0)
+    beta = tl.sigmoid(bv)
+    ANC, LG = draft_structure(par_ptr + i_b * T, G, T, BT, HAS_PARENTS)
+    # committed state Sc = replay(S0, records 0..cur-1), then its products with the drafts' q, k
+    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
+    Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * HK + i_hk) * K + o_k[None, :],
+                 mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    head_rows = (slot * H + i_h) * V
+    S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_k,
+                         mask_v, mask_k, K, BK, RC)
+    Sc = replay_tile(S0, Dr, Kr, Gr, mask_r, False)
+    SQ = tl.dot(Q, tl.trans(Sc), input_precision=PREC)   # [BT, BV]
+    SK = tl.dot(Kd, tl.trans(Sc), input_precision=PREC)
+    # decay from node i to node t along the path (0 off the path)
+    onpath = ANC > 0.0
+    E = tl.where(onpath, tl.exp(tl.minimum(LG[:, None] - LG[None, :], 0.0)), 0.0)
+    KK = tl.dot(Kd, tl.trans(Kd), input_precision="ieee")
+    QK = tl.dot(Q, tl.trans(Kd), input_precision="ieee")
+    M = tl.where(o_t[:, None] == o_t[None, :], 0.0, E * KK)
+    RHS = Vd - tl.exp(LG)[:, None] * SK
+    Dd = tl.zeros([BT, BV], dtype=tl.float32)
+    for t in tl.static_range(T):
+        corr = tl.sum(row_select(M, t, o_t)[:, None] * Dd, axis=0)
+        bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
+        dt = bt * (row_select(RHS, t, o_t) - corr)
+        Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
+    O = tl.exp(LG)[:, None] * SQ + tl.dot(E * QK, Dd, input_precision="ieee")
+    mtv = mask_t[:, None] & mask_v[None, :]
+    tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty), mask=mtv)
+    pos = cur + o_t
+    mpos = mask_t & (pos < R)
+    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
+             Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
+        if i_h % (H // HK) == 0:
+            tl.store(reck_ptr + ((slot * R + pos[:, None]) * HK + i_hk) * K + o_k[None, :],
+                     Kd.to(reck_ptr.dtype.element_ty), mask=mpos[:, None] & mask_k[None, :])
+
+
+# ----------------------------------------------------------------------------- wrappers
+def _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, device, T=None):
+    lead = (B,) if T is None else (B, T)
+    check_tensor("q", q, shape=lead + (Hk, Dk), device=device)
+    check_tensor("k", k, shape=lead + (Hk, Dk), device=device)
+    check_tensor("v", v, shape=lead + (H, Dv), device=device)
+    check_tensor("a", a, shape=lead + (H,), device=device)
+    check_tensor("b", b, shape=lead + (H,), device=device)
+    check_tensor("A_log", A_log, shape=(H,), device=device)
+    check_tensor("dt_bias", dt_bias, shape=(H,), device=device)
+    check(H % Hk == 0, f"num value heads {H} must be a multiple of num k-heads {Hk}")
+
+
+def _block_v(Dv, B, H, block_v):
+    if block_v is not None:
+        check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
+        return block_v
+    return min(next_pow2(Dv), 32)
+
+
+def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
+           block_v=None, num_warps=4):
+    """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
+
+    Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
+    the cursor (pool.advance does)."""
+    if getattr(pool.cfg, "mode", "replay") == "conventional":
+        return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
+                                   block_v=block_v, num_warps=num_warps)
+    lv = LayerViews(pool, layer)
+    B = check_slots(slots, lv.device, lv.num_slots)
+    H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
+    check(lv.R >= lv.window, f"ring capacity {lv.R} < window {lv.window}")
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", out, shape=(B, H, Dv), device=lv.device)
+    if B == 0:
+        return out
+    BV = _block_v(Dv, B, H, block_v)
+    rc, rs, rgs = lv.rc_args()
+    grid = (triton.cdiv(Dv, BV), H, B)
+    _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
+                             lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
+                             scale, lv.seed, lv.layer,
+                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
+                             BK=next_pow2(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
+                             INTERPRET=INTERPRET, num_warps=num_warps)
+    return out
+
+
+def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
+           out=None, block_v=None, num_warps=4, precision=None):
+    """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
+    or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
+    returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below)."""
+    lv = LayerViews(pool, layer)
+    B = check_slots(slots, lv.device, lv.num_slots)
+    H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
+    check(q.dim() == 4, f"q must be [B, T, Hk, Dk] for verify, got shape {tuple(q.shape)}")
+    T = int(q.shape[1])
+    check(T >= 1, "verify needs at least one draft token (T >= 1)")
+    check(lv.window - 1 + T <= lv.R, f"T={T} drafts do not fit the ring (capacity {lv.R}, window {lv.window})")
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device, T=T)
+    if parents is not None:
+        check_tensor("parents", parents, shape=(B, T), dtype=torch.int32, device=lv.device)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, T, H, Dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", out, shape=(B, T, H, Dv), device=lv.device)
+    if B == 0:
+        return out
+    BV = _block_v(Dv, B, H, block_v)
+    rc, rs, rgs = lv.rc_args()
+    prec = precision or ("ieee" if INTERPRET else "tf32x3")
+    grid = (triton.cdiv(Dv, BV), H, B)
+    _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
+                             parents if parents is not None else slots, out, slots, lv.cursor,
+                             lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
+                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(16, next_pow2(T)), BV=BV,
+                             BK=next_pow2(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             HAS_PARENTS=parents is not None, EPS=L2_EPS, PREC=prec,
+                             num_warps=num_warps)
+    return out
+
+
+def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
+                        block_v=None, num_warps=4):
+    """Conventional GDN decode: read, update and write state[slots] ([S, H, Dv, Dk]) in place."""
+    check(isinstance(state, torch.Tensor) and state.dim() == 4,
+          "state must be a 4-D tensor [S, H, Dv, Dk]")
+    check_tensor("state", state, dtype=(torch.float32, torch.float16, torch.bfloat16))
+    _, H, Dv, Dk = state.shape
+    B = check_slots(slots, state.device, state.shape[0])
+    Hk = q.shape[1] if q.dim() == 3 else -1
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, state.device)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", out, shape=(B, H, Dv), device=state.device)
+    if B == 0:
+        return out
+    BV = _block_v(Dv, B, H, block_v)
+    grid = (triton.cdiv(Dv, BV), H, B)
+    _gdn_conv_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, state, scale,
+                           H=H, HK=Hk, K=Dk, V=Dv, BV=BV, BK=next_pow2(Dk), EPS=L2_EPS,
+                           num_warps=num_warps)
+    return out
+
+
+def fold(pool, layer, slots, counts, **kw):
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy); counts 0 = no-op."""
+    common.fold(pool, layer, slots, counts, per_channel=False, **kw)

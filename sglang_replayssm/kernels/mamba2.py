@@ -1,0 +1,200 @@
+"""Mamba-2 ReplaySSM kernels: decode (non-flush + flush rows in one launch), output-only verify,
+commit fold, and the conventional decode baseline (SGLang's selective_state_update math).
+
+Per head h (group h // (H // G)): dt = softplus(dt_raw + dt_bias), a = exp(dt A), u = dt x,
+S_t = a S + u B^T, y = S_t C + D x, then y *= silu(z) when z is given. Record = (u, B, dt A).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import common
+from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, load_state_tile,
+                     next_pow2, replay_tile, softplus, store_state)
+
+
+@triton.jit
+def _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b, i_h, i_g, o_k, mask_k,
+              o_v, mask_v, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    xv = tl.load(x_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    Bv = tl.load(B_ptr + (i_b * G + i_g) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + (i_b * G + i_g) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + i_b * H + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
+    g = dt * tl.load(A_ptr + i_h).to(tl.float32)
+    Dh = tl.load(D_ptr + i_h).to(tl.float32)
+    return xv, Bv, Cv, dt * xv, g, Dh
+
+
+@triton.jit
+def _m2_finish(y, xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H: tl.constexpr, V: tl.constexpr,
+               HAS_Z: tl.constexpr):
+    y = y + Dh * xv
+    if HAS_Z:
+        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        y = y * zv * tl.sigmoid(zv)
+    return y
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+                      slots_ptr, cursor_ptr, folded_ptr,
+                      ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                      seed, layer,
+                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                      BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
+                      SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_g = i_h // (H // G)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    is_flush = (cur + 1) >= WINDOW
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    o_r = tl.arange(0, BR)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    mask_r = o_r < cur
+    xv, Bv, Cv, u, g, Dh = _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b,
+                                     i_h, i_g, o_k, mask_k, o_v, mask_v, H, G, K, V)
+    a = tl.exp(g)
+    bc = tl.sum(Bv * Cv, axis=0)
+    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
+    Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * G + i_g) * K + o_k[None, :],
+                 mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    head_rows = (slot * H + i_h) * V
+    if is_flush:
+        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
+                             o_v, o_k, mask_v, mask_k, K, BK, 0)
+        Sn = a * replay_tile(S0, Dr, Kr, Gr, mask_r, False) + u[:, None] * Bv[None, :]
+        y = tl.sum(Sn * Cv[None, :], axis=1)
+        stream = tl.load(folded_ptr + slot) + WINDOW
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        store_state(Sn, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
+                    seed, stream, idx_base, K, RC, CKPT_SR, SHARED, INTERPRET)
+    else:
+        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
+                             o_v, o_k, mask_v, mask_k, K, BK, RC)
+        sc0 = tl.sum(S0 * Cv[None, :], axis=1)
+        gtot = tl.sum(Gr, axis=0)
+        w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
+        cc = w * tl.sum(Kr * Cv[None, :], axis=1)
+        y = a * (tl.exp(gtot) * sc0 + tl.sum(Dr * cc[:, None], axis=0)) + u * bc
+    y = _m2_finish(y, xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
+             mask=mask_v)
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
+        if i_h % (H // G) == 0:
+            tl.store(reck_ptr + ((slot * R + cur) * G + i_g) * K + o_k,
+                     Bv.to(reck_ptr.dtype.element_ty), mask=mask_k)
+
+
+@triton.jit
+def _m2_conv_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr,
+                    state_ptr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, HAS_Z: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_g = i_h // (H // G)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    mask2 = mask_v[:, None] & mask_k[None, :]
+    offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
+    S = tl.load(state_ptr + offs, mask=mask2, other=0.0).to(tl.float32)
+    xv, Bv, Cv, u, g, Dh = _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b,
+                                     i_h, i_g, o_k, mask_k, o_v, mask_v, H, G, K, V)
+    S = S * tl.exp(g) + u[:, None] * Bv[None, :]
+    y = _m2_finish(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H, V,
+                   HAS_Z)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(state_ptr + offs, S.to(state_ptr.dtype.element_ty), mask=mask2)
+
+
+def _check_inputs(B, H, G, P, N, x, dt, A, Bm, C, D, dt_bias, z, device, T=None):
+    lead = (B,) if T is None else (B, T)
+    check_tensor("x", x, shape=lead + (H, P), device=device)
+    check_tensor("dt", dt, shape=lead + (H,), device=device)
+    check_tensor("A", A, shape=(H,), device=device)
+    check_tensor("B", Bm, shape=lead + (G, N), device=device)
+    check_tensor("C", C, shape=lead + (G, N), device=device)
+    check_tensor("D", D, shape=(H,), device=device)
+    check_tensor("dt_bias", dt_bias, shape=(H,), device=device)
+    if z is not None:
+        check_tensor("z", z, shape=lead + (H, P), device=device)
+    check(G > 0 and H % G == 0, f"num heads {H} must be a multiple of num groups {G}")
+
+
+def _block_v(P, block_v):
+    if block_v is not None:
+        check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
+        return block_v
+    return min(next_pow2(P), 32)
+
+
+def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
+           num_warps=4):
+    """One Mamba-2 decode step of a batch, in place on the pool (record at cursor; flush rows
+    fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype."""
+    if getattr(pool.cfg, "mode", "replay") == "conventional":
+        return conventional_decode(pool.ckpt[layer], slots, x, dt, A, B, C, D, dt_bias, z, out=out,
+                                   block_v=block_v, num_warps=num_warps)
+    lv = LayerViews(pool, layer)
+    Bn = check_slots(slots, lv.device, lv.num_slots)
+    H, G, P, N = lv.H, lv.Hk, lv.Dv, lv.Dk
+    _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, lv.device)
+    if out is None:
+        out = torch.empty((Bn, H, P), dtype=x.dtype, device=x.device)
+    check_tensor("out", out, shape=(Bn, H, P), device=lv.device)
+    if Bn == 0:
+        return out
+    BV = _block_v(P, block_v)
+    rc, rs, rgs = lv.rc_args()
+    grid = (triton.cdiv(P, BV), H, Bn)
+    _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
+                            lv.cursor, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
+                            lv.rec_g, lv.seed, lv.layer,
+                            H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
+                            BK=next_pow2(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                            CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
+                            INTERPRET=INTERPRET, num_warps=num_warps)
+    return out
+
+
+def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None,
+                        block_v=None, num_warps=4):
+    """Conventional Mamba-2 decode: read, update and write state[slots] ([S, H, P, N]) in place."""
+    check(isinstance(state, torch.Tensor) and state.dim() == 4,
+          "state must be a 4-D tensor [S, H, P, N]")
+    check_tensor("state", state, dtype=(torch.float32, torch.float16, torch.bfloat16))
+    _, H, P, N = state.shape
+    Bn = check_slots(slots, state.device, state.shape[0])
+    G = B.shape[1] if B.dim() == 3 else -1
+    _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, state.device)
+    if out is None:
+        out = torch.empty((Bn, H, P), dtype=x.dtype, device=x.device)
+    check_tensor("out", out, shape=(Bn, H, P), device=state.device)
+    if Bn == 0:
+        return out
+    BV = _block_v(P, block_v)
+    grid = (triton.cdiv(P, BV), H, Bn)
+    _m2_conv_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
+                          state, H=H, G=G, K=N, V=P, BV=BV, BK=next_pow2(N), HAS_Z=z is not None,
+                          num_warps=num_warps)
+    return out
+
+
+def fold(pool, layer, slots, counts, **kw):
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy); counts 0 = no-op."""
+    common.fold(pool, layer, slots, counts, per_channel=False, **kw)
