@@ -83,7 +83,7 @@ def test_window_one_is_conventional(family):
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
-def test_float32_pool_matches_float64_conventional(family):
+def test_float32_pool_matches_float32_conventional(family):
     geo = SSMGeometry(family, 4, 8, 16, 2)
     worst, final = run_decode(geo, 8, steps=100, dtype=torch.float32, ckpt="fp32", seed=11)
     assert worst < 1e-4 and final < 1e-4, (worst, final)
