@@ -1,0 +1,389 @@
+"""The native engine's scheduler: continuous batching over one ReplayStatePool.
+
+`Engine.step()` runs one iteration: admit waiting requests while slots are free (a full pool makes
+requests wait), one prefill chunk per prefilling request (chunked prefill), then one decode step for
+every running request — or, with speculative decoding, one verify step of 1 + k tokens per row
+(prompt-lookup drafts), committed by moving the ring pointer. Returns output events.
+Requests join and leave between steps. Everything here is synchronous and in-process; `server.py`
+puts it behind pyzmq and HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections import deque
+
+import torch
+
+from ..flags import ReplaySSMOptions
+from ..pool import ReplayStatePool, SSMGeometry
+from . import drafter, traffic
+from .config import HybridConfig, embedded_config
+from .model import HybridModel, KVCache, random_weights
+from .ssm_ops import SSMOps
+from .tokenizer import ByteTokenizer, load_tokenizer
+
+EMBEDDED_PREFIX = "embedded"
+
+
+@dataclasses.dataclass
+class EngineArgs:
+    model_path: str | None = None        # None / "embedded" / "embedded:gdn": the built-in model
+    device: str = "cpu"
+    dtype: str = "auto"                  # auto: float32 on CPU, bfloat16 on CUDA
+    max_running_requests: int = 8        # pool slots
+    max_model_len: int = 1024
+    chunk_size: int = 256                # prefill tokens per request per step
+    speculative_num_draft_tokens: int = 0
+    replayssm: ReplaySSMOptions = dataclasses.field(default_factory=ReplaySSMOptions)
+    seed: int = 0
+    use_kernels: bool = True
+
+    @property
+    def served_name(self) -> str:
+        if not self.model_path or self.model_path.startswith(EMBEDDED_PREFIX):
+            family = self.model_path.split(":", 1)[1] if self.model_path and ":" in self.model_path else "mamba2"
+            return f"replayssm-embedded-{family}"
+        return self.model_path.rstrip("/").split("/")[-1]
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclasses.dataclass
+class Request:
+    rid: str
+    prompt: list
+    params: SamplingParams
+    output: list = dataclasses.field(default_factory=list)
+    slot: int | None = None
+    prefilled: int = 0
+    sent: int = 0                        # characters of output text already emitted
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def tokens(self) -> list:
+        return self.prompt + self.output
+
+    @property
+    def in_decode(self) -> bool:
+        return self.prefilled == len(self.prompt) and bool(self.output) and self.finish_reason is None
+
+
+class RequestError(ValueError):
+    """A request the engine refuses (reported to the client as HTTP 400)."""
+
+
+def build_model(args: EngineArgs):
+    """(HybridConfig, HybridModel, tokenizer) for `args` (embedded model or a HF folder)."""
+    device = torch.device(args.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if not args.model_path or args.model_path.startswith(EMBEDDED_PREFIX):
+        family = args.model_path.split(":", 1)[1] if args.model_path and ":" in args.model_path else "mamba2"
+        cfg = embedded_config(family)
+        weights = random_weights(cfg, seed=args.seed)
+        # nudge the random model towards printable ASCII (and away from EOS) so its text is readable
+        bias = torch.full((cfg.vocab_size,), -4.0)
+        bias[32:127] = 0.0
+        bias[10] = -1.0
+        weights["lm_head_bias"] = bias
+        tok = ByteTokenizer(cfg.vocab_size)
+    else:
+        from .loader import load_model
+        cfg, weights = load_model(args.model_path)
+        tok = load_tokenizer(args.model_path, cfg.vocab_size, cfg.eos_token_id)
+    return cfg, HybridModel(cfg, weights, device=device, dtype=dtype), tok
+
+
+class Engine:
+    def __init__(self, args: EngineArgs, built=None):
+        self.args = args
+        self.cfg, self.model, self.tokenizer = built or build_model(args)
+        cfg, opts = self.cfg, args.replayssm
+        opts.check_model(cfg.ssm_head_k_dim)
+        if args.max_running_requests < 1:
+            raise ValueError("--max-running-requests must be >= 1")
+        if args.speculative_num_draft_tokens < 0:
+            raise ValueError("--speculative-num-draft-tokens must be >= 0")
+        self.k = args.speculative_num_draft_tokens
+        geo = SSMGeometry(family=cfg.family, num_heads=cfg.ssm_heads, head_v_dim=cfg.ssm_head_v_dim,
+                          head_k_dim=cfg.ssm_head_k_dim, num_k_heads=cfg.ssm_k_heads, conv_dim=cfg.conv_dim,
+                          conv_kernel=cfg.conv_kernel)
+        max_drafts = self.k + 1 if self.k else 0
+        self.pool = ReplayStatePool(geo, cfg.num_ssm_layers, args.max_running_requests,
+                                    opts.replay_config(max_drafts=max_drafts), device=self.model.device,
+                                    act_dtype=self.model.dtype)
+        self.kv = KVCache(cfg, args.max_running_requests + 1, args.max_model_len, self.model.device,
+                          self.model.dtype)
+        self.ops = SSMOps(cfg.family, self.pool, replay_verify=opts.verify, use_kernels=args.use_kernels)
+        self.conventional = self.pool.cfg.mode == "conventional"
+        self.sizes = traffic.StateSizes.of(self.pool)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._ids = itertools.count()
+        self.counters = dict.fromkeys(
+            ["prompt_tokens", "generation_tokens", "requests_finished", "steps", "decode_steps", "verify_steps",
+             "flushes", "nonflush_steps", "state_bytes_read", "state_bytes_written", "conventional_state_bytes",
+             "accepted_records", "rollbacks", "draft_tokens", "accepted_draft_tokens"], 0)
+        self.last_batch = 0
+        self.ring_occupancy = 0.0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt, params: SamplingParams, rid: str | None = None) -> Request:
+        """prompt: text, list of token ids, or {"messages": [...]} for chat."""
+        if isinstance(prompt, dict):
+            ids = self.tokenizer.chat_prompt(prompt["messages"])
+        elif isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise RequestError("prompt: must not be empty")
+        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise RequestError(f"prompt: token ids {bad[:5]} outside the vocabulary (size {self.cfg.vocab_size})")
+        if len(ids) >= self.args.max_model_len:
+            raise RequestError(f"prompt: {len(ids)} tokens, the context length is {self.args.max_model_len}")
+        if params.max_tokens < 1:
+            raise RequestError("max_tokens: must be >= 1")
+        req = Request(rid or f"r{next(self._ids)}", ids, params)
+        if params.temperature > 0:
+            req.generator = torch.Generator().manual_seed(
+                params.seed if params.seed is not None else torch.seed() % (2 ** 63))
+        self.waiting.append(req)
+        return req
+
+    def abort(self, rid: str) -> None:
+        for q in (self.waiting, self.running):
+            for r in list(q):
+                if r.rid == rid:
+                    r.finish_reason = "abort"
+                    q.remove(r)
+                    if r.slot is not None:
+                        self.pool.free([r.slot])
+                        r.slot = None
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ one iteration
+    def step(self) -> list[dict]:
+        events: list[dict] = []
+        while self.waiting and self.pool.num_free > 0:
+            req = self.waiting.popleft()
+            req.slot = self.pool.alloc(1)[0]
+            self.running.append(req)
+        decoding = [r for r in self.running if r.in_decode]
+        for req in [r for r in self.running if r.prefilled < len(r.prompt)]:
+            self._prefill_chunk(req, events)
+        if decoding:
+            drafts = self._drafts(decoding)
+            if any(drafts):
+                self._verify(decoding, drafts, events)
+            else:
+                self._decode(decoding, events)
+            self.counters["steps"] += 1
+        for req in [r for r in self.running if r.finish_reason is not None]:
+            self.running.remove(req)
+            self.pool.free([req.slot])
+            req.slot = None
+            self.counters["requests_finished"] += 1
+        return events
+
+    def _prefill_chunk(self, req: Request, events: list) -> None:
+        start = req.prefilled
+        chunk = req.prompt[start:start + self.args.chunk_size]
+        dev = self.model.device
+        tokens = torch.tensor([chunk], device=dev)
+        logits = self.model.forward(tokens, torch.tensor([start], device=dev),
+                                    torch.tensor([req.slot], device=dev), "prefill", self, start + len(chunk))
+        self.pool.note_prefill([req.slot], [len(chunk)])
+        req.prefilled += len(chunk)
+        self.counters["prompt_tokens"] += len(chunk)
+        if req.prefilled == len(req.prompt):
+            self._emit(req, [self._sample(req, logits[0])], events)
+
+    def _drafts(self, rows: list[Request]) -> list[list[int]]:
+        if not self.k:
+            return [[] for _ in rows]
+        room = self.args.max_model_len - max(len(r.tokens) for r in rows)
+        k = min(self.k, room)
+        out = []
+        for r in rows:
+            left = r.params.max_tokens - len(r.output)
+            out.append(drafter.propose(r.tokens, min(k, left - 1)) if r.params.temperature == 0 and k > 0 else [])
+        return out
+
+    def _batch(self, rows: list[Request]):
+        dev = self.model.device
+        slots = torch.tensor([r.slot for r in rows], device=dev)
+        pos = torch.tensor([len(r.tokens) - 1 for r in rows], device=dev)
+        return slots, pos
+
+    def _cursors(self, rows) -> list[int]:
+        if self.conventional:
+            return [0] * len(rows)
+        return self.pool.cursor[torch.tensor([r.slot for r in rows], device=self.pool.device)].tolist()
+
+    def _decode(self, rows: list[Request], events: list) -> None:
+        slots, pos = self._batch(rows)
+        cursors = self._cursors(rows)
+        tokens = torch.tensor([[r.tokens[-1]] for r in rows], device=self.model.device)
+        max_len = max(len(r.tokens) for r in rows)
+        logits = self.model.forward(tokens, pos, slots, "decode", self, max_len)[:, 0]
+        self.pool.advance(slots)
+        self._account_decode(cursors)
+        greedy = logits.argmax(-1).tolist()
+        for i, r in enumerate(rows):
+            tok = greedy[i] if r.params.temperature == 0 else self._sample(r, logits[i])
+            self._emit(r, [tok], events)
+        self.counters["decode_steps"] += 1
+        self.last_batch = len(rows)
+
+    def _verify(self, rows: list[Request], drafts: list[list[int]], events: list) -> None:
+        T = 1 + max(len(d) for d in drafts)
+        slots, pos = self._batch(rows)
+        cursors = self._cursors(rows)
+        slot_list = [r.slot for r in rows]
+        self.ops.begin_verify(slot_list, T)
+        tokens = torch.tensor([[r.tokens[-1]] + d + [0] * (T - 1 - len(d)) for r, d in zip(rows, drafts)],
+                              device=self.model.device)
+        max_len = max(len(r.tokens) for r in rows) + T - 1
+        logits = self.model.forward(tokens, pos, slots, "verify", self, max_len)     # [B, T, V]
+        targets = logits.argmax(-1).tolist()
+        accepted, new_tokens = [], []
+        for i, (r, d) in enumerate(zip(rows, drafts)):
+            if r.params.temperature > 0:
+                n, toks = 0, [self._sample(r, logits[i, 0])]
+            else:
+                n = 0
+                while n < len(d) and d[n] == targets[i][n]:
+                    n += 1
+                toks = d[:n] + [targets[i][n]]
+            accepted.append(n + 1)
+            new_tokens.append(toks)
+            self.counters["draft_tokens"] += len(d)
+            self.counters["accepted_draft_tokens"] += n
+            self.counters["rollbacks"] += int(n + 1 < T)
+        self.ops.commit(slot_list, accepted)
+        self._account_verify(cursors, accepted, T)
+        for r, toks in zip(rows, new_tokens):
+            self._emit(r, toks, events)
+        self.counters["verify_steps"] += 1
+        self.last_batch = len(rows)
+
+    # ------------------------------------------------------------------ accounting
+    def _account_decode(self, cursors: list[int]) -> None:
+        s, c = self.sizes, self.counters
+        for cur in cursors:
+            flush = not self.conventional and cur + 1 >= self.pool.cfg.window
+            rd, wr = traffic.decode_bytes(s, self.conventional, cur, flush)
+            c["flushes" if flush else "nonflush_steps"] += 1
+            c["state_bytes_read"] += rd
+            c["state_bytes_written"] += wr
+            c["conventional_state_bytes"] += traffic.conventional_bytes(s, 1)
+        self._ring_gauge()
+
+    def _account_verify(self, cursors: list[int], accepted: list[int], T: int) -> None:
+        s, c = self.sizes, self.counters
+        mode = "replay" if not (self.conventional or self.ops.snapshot_verify) else "snapshot"
+        for cur, a in zip(cursors, accepted):
+            new = cur + a
+            folds = mode == "replay" and new >= self.pool.cfg.window
+            r1, w1 = traffic.verify_bytes(s, mode, cur, T)
+            r2, w2 = traffic.commit_bytes(s, mode, new, folds)
+            c["state_bytes_read"] += r1 + r2
+            c["state_bytes_written"] += w1 + w2
+            c["conventional_state_bytes"] += traffic.conventional_bytes(s, T)
+            c["accepted_records"] += a
+            c["flushes" if (folds or mode == "snapshot") else "nonflush_steps"] += 1
+        self._ring_gauge()
+
+    def _ring_gauge(self) -> None:
+        live = [r.slot for r in self.running if r.slot is not None]
+        if self.conventional or not live:
+            self.ring_occupancy = 0.0
+            return
+        cur = self.pool.cursor[torch.tensor(live, device=self.pool.device)].float()
+        self.ring_occupancy = float(cur.mean()) / self.pool.cfg.window
+
+    # ------------------------------------------------------------------ sampling and output
+    def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        p = req.params
+        if p.temperature == 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float().cpu() / p.temperature, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, order = probs.sort(descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < p.top_p      # smallest set reaching top_p
+            sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=req.generator))
+
+    def _emit(self, req: Request, toks: list[int], events: list) -> None:
+        p, new = req.params, []
+        for t in toks:
+            if req.finish_reason is not None:
+                break
+            if t in self.tokenizer.eos_ids and not p.ignore_eos:
+                req.finish_reason = "stop"
+                break
+            req.output.append(t)
+            new.append(t)
+            if len(req.output) >= p.max_tokens or len(req.tokens) >= self.args.max_model_len:
+                req.finish_reason = "length"
+        self.counters["generation_tokens"] += len(new)
+        text = self.tokenizer.decode(req.output)
+        if p.stop:
+            start = max(0, req.sent - max(len(s) for s in p.stop))
+            hits = [i for i in (text.find(s, start) for s in p.stop) if i >= 0]
+            if hits:
+                text = text[:min(hits)]
+                req.finish_reason = "stop"
+        if req.finish_reason is None:   # hold back a possible stop-string prefix / an incomplete character
+            hold = max((len(s) for s in p.stop), default=1) - 1
+            upto = len(text) - hold
+            while upto > req.sent and text[upto - 1] == "\ufffd":
+                upto -= 1
+        else:
+            upto = len(text)
+        delta = text[req.sent:max(upto, req.sent)]
+        req.sent = max(upto, req.sent)
+        events.append({"rid": req.rid, "text": delta, "token_ids": new, "finished": req.finish_reason is not None,
+                       "finish_reason": req.finish_reason, "prompt_tokens": len(req.prompt),
+                       "completion_tokens": len(req.output)})
+
+    # ------------------------------------------------------------------ introspection
+    def stats(self) -> dict:
+        total = self.pool.num_slots
+        return {**{k: v for k, v in self.counters.items()},
+                "running": len(self.running), "waiting": len(self.waiting), "free_slots": self.pool.num_free,
+                "total_slots": total, "batch_size": self.last_batch, "ring_occupancy": self.ring_occupancy,
+                "pool_usage": (total - self.pool.num_free) / total, "cached_prefixes": [],
+                "time": time.time()}
+
+    def info(self) -> dict:
+        return {"model": self.args.served_name, "family": self.cfg.family, "arch": self.cfg.arch,
+                "ssm_layers": self.cfg.num_ssm_layers, "attention_layers": self.cfg.num_attn_layers,
+                "backend": self.ops.backend, "mode": self.pool.cfg.mode, "window": self.pool.cfg.window,
+                "device": str(self.model.device), "dtype": str(self.model.dtype).replace("torch.", ""),
+                "max_model_len": self.args.max_model_len, "slots": self.pool.num_slots,
+                "speculative_num_draft_tokens": self.k, "tokenizer": self.tokenizer.name}
+
+    def generate(self, prompts, params: SamplingParams) -> list[list[int]]:
+        """Run prompts to completion (tests, benchmarks); returns the output token ids of each."""
+        reqs = [self.add_request(p, params) for p in prompts]
+        while self.has_work():
+            self.step()
+        return [r.output for r in reqs]

@@ -1,0 +1,305 @@
+"""The hybrid decoder of the native engine: embeddings, pre-norm residual blocks, LM head.
+
+Weights are a flat dict with canonical names (see `param_shapes`); `loader.py` maps HF checkpoints
+onto them and `random_weights` makes seeded ones (embedded default model, benchmarks).
+
+One forward serves three modes, always over a batch `[B, T]` of token ids:
+  "prefill"  T prompt tokens per row continue from the state in the pool (chunked prefill): SSM layers
+             step the recurrence token by token from `pool.materialize` and store the final state with
+             `pool.write_state` (checkpoint, empty ring); returns logits of the last position only.
+  "decode"   T = 1: SSM layers go through the pool (`ops.decode`, ReplaySSM or conventional).
+  "verify"   T = 1 + drafts: SSM layers go through `ops.verify` (draft records appended to the ring);
+             the caller commits the accepted prefix (`SSMOps.commit`: pointer move, conv state).
+Attention layers append K/V at positions `pos .. pos+T-1` of the sequence's KV cache (`KVCache`).
+No host synchronisation inside the forward: lengths come in as host ints.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .config import HybridConfig
+
+
+# --------------------------------------------------------------------------- parameters
+def param_shapes(cfg: HybridConfig) -> dict[str, tuple]:
+    """Canonical parameter names and shapes (biases only where the config has them)."""
+    hid, shapes = cfg.hidden_size, {}
+    shapes["embed"] = (cfg.vocab_size, hid)
+    for i, kind in enumerate(cfg.blocks):
+        p = f"b{i}."
+        shapes[p + "norm"] = (hid,)
+        if kind == "mlp":
+            shapes[p + "up"] = (cfg.intermediate_size, hid)
+            shapes[p + "down"] = (hid, cfg.intermediate_size)
+            if cfg.mlp_gated:
+                shapes[p + "gate"] = (cfg.intermediate_size, hid)
+            if cfg.mlp_bias:
+                shapes[p + "up_bias"] = (cfg.intermediate_size,)
+                shapes[p + "down_bias"] = (hid,)
+        elif kind == "attention":
+            H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            shapes[p + "q"] = (H * D * (2 if cfg.attn_output_gate else 1), hid)
+            shapes[p + "k"] = (Hkv * D, hid)
+            shapes[p + "v"] = (Hkv * D, hid)
+            shapes[p + "o"] = (hid, H * D)
+            if cfg.attn_bias:
+                for n in "qkv":
+                    shapes[p + n + "_bias"] = (shapes[p + n][0],)
+                shapes[p + "o_bias"] = (hid,)
+            if cfg.qk_norm:
+                shapes[p + "q_norm"] = (D,)
+                shapes[p + "k_norm"] = (D,)
+        elif kind == "ssm":
+            H, I, C, K = cfg.ssm_heads, cfg.ssm_inner, cfg.conv_dim, cfg.conv_kernel
+            shapes[p + "conv_w"] = (C, K)
+            if cfg.conv_bias:
+                shapes[p + "conv_b"] = (C,)
+            shapes[p + "A_log"] = (H,)
+            shapes[p + "dt_bias"] = (H,)
+            shapes[p + "out_proj"] = (hid, I)
+            if cfg.family == "mamba2":
+                shapes[p + "in_proj"] = (I + C + H, hid)   # [z | x B C | dt]
+                shapes[p + "D"] = (H,)
+                shapes[p + "gnorm"] = (I,)
+                if cfg.ssm_proj_bias:
+                    shapes[p + "in_proj_bias"] = (I + C + H,)
+                    shapes[p + "out_proj_bias"] = (hid,)
+            else:
+                shapes[p + "in_qkv"] = (C, hid)            # [q (Hk*Dk) | k (Hk*Dk) | v (H*Dv)]
+                shapes[p + "in_z"] = (I, hid)
+                shapes[p + "in_b"] = (H, hid)
+                shapes[p + "in_a"] = (H, hid)
+                shapes[p + "gnorm"] = (cfg.ssm_head_v_dim,)
+        else:
+            raise ValueError(f"block {i}: unsupported kind {kind!r}")
+    shapes["final_norm"] = (hid,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (cfg.vocab_size, hid)
+    return shapes
+
+
+FP32_PARAMS = ("A_log", "D", "dt_bias", "norm", "gnorm", "q_norm", "k_norm", "final_norm", "lm_head_bias")
+
+
+def random_weights(cfg: HybridConfig, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Seeded weights in the canonical layout (fp32, CPU): deterministic for a given seed."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        leaf = name.split(".")[-1]
+        if leaf in ("norm", "gnorm", "q_norm", "k_norm", "final_norm", "D"):
+            t = torch.ones(shape)
+        elif leaf == "A_log":
+            t = torch.log(torch.empty(shape).uniform_(1.0, 16.0, generator=g))
+        elif leaf == "dt_bias":   # inverse softplus of dt in [1e-3, 1e-1], log-uniform
+            dt = torch.exp(torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=g))
+            t = dt + torch.log(-torch.expm1(-dt))
+        elif leaf.endswith("bias"):
+            t = torch.zeros(shape)
+        elif leaf == "conv_w":
+            t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
+        elif leaf == "embed":
+            t = torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g) * std
+        out[name] = t
+    return out
+
+
+# --------------------------------------------------------------------------- caches
+class KVCache:
+    """Per-slot attention cache: k, v of shape [n_attn_layers, slots, max_len, Hkv, D]."""
+
+    def __init__(self, cfg: HybridConfig, num_slots: int, max_len: int, device, dtype):
+        shape = (max(cfg.num_attn_layers, 1), num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        self.max_len = max_len
+        if cfg.num_attn_layers == 0:
+            shape = (0,) + shape[1:]
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    def bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def write(self, layer: int, slots, pos, k, v):
+        T = k.shape[1]
+        idx = pos[:, None] + torch.arange(T, device=pos.device)
+        self.k[layer, slots[:, None], idx] = k
+        self.v[layer, slots[:, None], idx] = v
+
+    def read(self, layer: int, slots, length: int):
+        return self.k[layer, slots, :length], self.v[layer, slots, :length]
+
+    def copy(self, src: int, dst: int):
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+
+# --------------------------------------------------------------------------- small functions
+def rms_norm(x, w, eps):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (w * xf).to(x.dtype)
+
+
+def linear(x, w, b=None):
+    return F.linear(x, w, b)
+
+
+def rope(x, positions, rotary_dim: int, theta: float):
+    """Rotary embedding (rotate-half form) on the first rotary_dim channels. x: [B, T, H, D]."""
+    if rotary_dim == 0:
+        return x
+    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=x.device, dtype=torch.float32) / rotary_dim))
+    freqs = positions.float()[..., None] * inv                  # [B, T, rd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]       # [B, T, 1, rd]
+    cos, sin = emb.cos(), emb.sin()
+    xr, xp = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+    x1, x2 = xr.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return torch.cat(((xr * cos + rotated * sin).to(x.dtype), xp), dim=-1)
+
+
+# --------------------------------------------------------------------------- the model
+class HybridModel:
+    def __init__(self, cfg: HybridConfig, weights: dict, device="cpu", dtype=torch.float32):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        expected = param_shapes(cfg)
+        missing = sorted(set(expected) - set(weights))
+        if missing:
+            raise ValueError(f"missing parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        self.w = {}
+        for name, shape in expected.items():
+            t = weights[name]
+            if tuple(t.shape) != tuple(shape):
+                raise ValueError(f"parameter {name}: shape {tuple(t.shape)}, expected {tuple(shape)}")
+            fp32 = name.split(".")[-1] in FP32_PARAMS
+            self.w[name] = t.to(device=self.device, dtype=torch.float32 if fp32 else dtype).contiguous()
+        if "lm_head_bias" in weights:
+            self.w["lm_head_bias"] = weights["lm_head_bias"].to(self.device, torch.float32)
+        self.ssm_index, self.attn_index = {}, {}
+        for i, kind in enumerate(cfg.blocks):
+            if kind == "ssm":
+                self.ssm_index[i] = len(self.ssm_index)
+            elif kind == "attention":
+                self.attn_index[i] = len(self.attn_index)
+        self.A = {i: -torch.exp(self.w[f"b{i}.A_log"]) for i in self.ssm_index}
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, tokens, pos, slots, mode: str, ctx, max_len: int):
+        """tokens [B, T] long, pos [B] long (first position), slots [B] long; max_len = max(pos) + T.
+        ctx: object with .pool (ReplayStatePool), .kv (KVCache), .ops (SSMOps). Returns logits (float32):
+        [B, V] for prefill (last position), [B, T, V] otherwise."""
+        assert mode in ("prefill", "decode", "verify"), mode
+        cfg, w = self.cfg, self.w
+        h = F.embedding(tokens, w["embed"])
+        for i, kind in enumerate(cfg.blocks):
+            x = rms_norm(h, w[f"b{i}.norm"], cfg.norm_eps)
+            if kind == "mlp":
+                x = self._mlp(i, x)
+            elif kind == "attention":
+                x = self._attention(i, x, pos, slots, ctx, max_len)
+            elif cfg.family == "mamba2":
+                x = self._mamba2(i, x, slots, mode, ctx)
+            else:
+                x = self._gdn(i, x, slots, mode, ctx)
+            h = h + x
+        if mode == "prefill":
+            h = h[:, -1]
+        h = rms_norm(h, w["final_norm"], cfg.norm_eps)
+        logits = linear(h, w["embed"] if cfg.tie_word_embeddings else w["lm_head"]).float()
+        if "lm_head_bias" in w:
+            logits = logits + w["lm_head_bias"]
+        return logits
+
+    # ------------------------------------------------------------------ blocks
+    def _mlp(self, i, x):
+        w, p = self.w, f"b{i}."
+        up = linear(x, w[p + "up"], w.get(p + "up_bias"))
+        if self.cfg.mlp_gated:
+            act = F.silu(linear(x, w[p + "gate"])) if self.cfg.mlp_act == "silu" else torch.relu(linear(x, w[p + "gate"])).square()
+            up = act * up
+        else:
+            up = F.silu(up) if self.cfg.mlp_act == "silu" else torch.relu(up).square()
+        return linear(up, w[p + "down"], w.get(p + "down_bias"))
+
+    def _attention(self, i, x, pos, slots, ctx, max_len):
+        cfg, w, p = self.cfg, self.w, f"b{i}."
+        B, T, _ = x.shape
+        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = linear(x, w[p + "q"], w.get(p + "q_bias"))
+        gate = None
+        if cfg.attn_output_gate:
+            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
+            gate = gate.reshape(B, T, H * D)
+        q = q.reshape(B, T, H, D)
+        k = linear(x, w[p + "k"], w.get(p + "k_bias")).view(B, T, Hkv, D)
+        v = linear(x, w[p + "v"], w.get(p + "v_bias")).view(B, T, Hkv, D)
+        if cfg.qk_norm:
+            q = rms_norm(q, w[p + "q_norm"], cfg.norm_eps)
+            k = rms_norm(k, w[p + "k_norm"], cfg.norm_eps)
+        positions = pos[:, None] + torch.arange(T, device=pos.device)          # [B, T]
+        q = rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
+        k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+        layer = self.attn_index[i]
+        ctx.kv.write(layer, slots, pos, k, v)
+        K_, V_ = ctx.kv.read(layer, slots, max_len)                            # [B, L, Hkv, D]
+        mask = torch.arange(max_len, device=pos.device)[None, None, :] <= positions[:, :, None]
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), K_.transpose(1, 2), V_.transpose(1, 2), attn_mask=mask[:, None],
+            scale=D ** -0.5, enable_gqa=H != Hkv)
+        o = o.transpose(1, 2).reshape(B, T, H * D)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return linear(o, w[p + "o"], w.get(p + "o_bias"))
+
+    def _conv(self, i, xc, slots, mode, ctx):
+        """Depthwise causal conv + SiLU over [B, T, C], continuing from the pool's conv state."""
+        layer, K = self.ssm_index[i], self.cfg.conv_kernel
+        T = xc.shape[1]
+        state = ctx.pool.conv[layer, slots].to(xc.dtype)                     # [B, C, K-1]
+        xa = torch.cat((state, xc.transpose(1, 2)), dim=2)                   # [B, C, K-1+T]
+        win = xa.unfold(2, K, 1)                                             # [B, C, T, K]
+        y = (win.float() * self.w[f"b{i}.conv_w"].float()[None, :, None, :]).sum(-1)
+        if f"b{i}.conv_b" in self.w:
+            y = y + self.w[f"b{i}.conv_b"].float()[None, :, None]
+        if mode == "verify":   # the commit (pool.commit / SSMOps.commit) moves the conv state
+            ctx.pool.conv_in[layer, slots, :T] = xc.to(ctx.pool.conv_in.dtype)
+        else:
+            ctx.pool.conv[layer, slots] = xa[:, :, T:].to(ctx.pool.conv.dtype)
+        return F.silu(y).transpose(1, 2).to(xc.dtype)                         # [B, T, C]
+
+    def _mamba2(self, i, x, slots, mode, ctx):
+        cfg, w, p = self.cfg, self.w, f"b{i}."
+        B, T, _ = x.shape
+        H, P, N, G, I = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads, cfg.ssm_inner
+        proj = linear(x, w[p + "in_proj"], w.get(p + "in_proj_bias"))
+        z, xbc, dt = proj.split([I, cfg.conv_dim, H], dim=-1)
+        xbc = self._conv(i, xbc, slots, mode, ctx)
+        xs, Bm, Cm = xbc.split([I, G * N, G * N], dim=-1)
+        inputs = (xs.reshape(B, T, H, P), dt, self.A[i], Bm.reshape(B, T, G, N), Cm.reshape(B, T, G, N),
+                  w[p + "D"], w[p + "dt_bias"])
+        y = ctx.ops.run(self.ssm_index[i], slots, mode, inputs, T)            # [B, T, H, P]
+        # gated RMSNorm over groups of I // G channels, gate applied before the norm (Nemotron-H)
+        y = y.reshape(B, T, I).float() * F.silu(z.float())
+        y = y.view(B, T, G, I // G)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
+        y = (w[p + "gnorm"] * y.reshape(B, T, I)).to(x.dtype)
+        return linear(y, w[p + "out_proj"], w.get(p + "out_proj_bias"))
+
+    def _gdn(self, i, x, slots, mode, ctx):
+        cfg, w, p = self.cfg, self.w, f"b{i}."
+        B, T, _ = x.shape
+        H, Dv, Dk, Hk = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads
+        qkv = self._conv(i, linear(x, w[p + "in_qkv"]), slots, mode, ctx)
+        q, k, v = qkv.split([Hk * Dk, Hk * Dk, H * Dv], dim=-1)
+        inputs = (q.reshape(B, T, Hk, Dk), k.reshape(B, T, Hk, Dk), v.reshape(B, T, H, Dv),
+                  linear(x, w[p + "in_a"]), linear(x, w[p + "in_b"]), w[p + "A_log"], w[p + "dt_bias"])
+        o = ctx.ops.run(self.ssm_index[i], slots, mode, inputs, T)            # [B, T, H, Dv]
+        z = linear(x, w[p + "in_z"]).view(B, T, H, Dv)
+        o = rms_norm(o.float(), w[p + "gnorm"], cfg.norm_eps) * F.silu(z.float())
+        return linear(o.reshape(B, T, H * Dv).to(x.dtype), w[p + "out_proj"])

@@ -1,0 +1,120 @@
+"""SSM-layer dispatch of the native engine: which implementation runs prefill, decode and verify.
+
+* prefill: the plain recurrence (`reference.<family>.conventional_step`) token by token, from the
+  state in the pool (`pool.materialize`) to `pool.write_state` (checkpoint + read copy, empty ring).
+* decode / verify: `<family>.decode` / `<family>.verify` on the pool, from `sglang_replayssm.kernels`
+  on CUDA when that module has them, else from `sglang_replayssm.reference` (same signatures).
+  A pool in `mode="conventional"` makes the same calls do conventional decoding (the baseline);
+  on CUDA the kernels' `conventional_decode` updates the state in place.
+* `replay_verify=False` (--no-replayssm-verify) with a ReplaySSM pool: verify steps the plain
+  recurrence through the drafts keeping one state per draft (the snapshot scheme), and the commit
+  writes the accepted state back as a new checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ..reference import FAMILY_MODULES
+
+# positions of the per-token inputs (those with a T axis) in each family's raw-input tuple
+TIMED = {"mamba2": (0, 1, 3, 4), "gdn": (0, 1, 2, 3, 4)}
+
+
+def kernel_module(family: str, device):
+    """The Triton module of `family` when running on CUDA and importable, else None."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        mod = importlib.import_module(f"sglang_replayssm.kernels.{family}")
+    except Exception:   # noqa: BLE001 - kernels are optional; the reference is always there
+        return None
+    return mod
+
+
+class SSMOps:
+    def __init__(self, family: str, pool, replay_verify: bool = True, use_kernels: bool = True):
+        self.family, self.pool, self.replay_verify = family, pool, replay_verify
+        self.ref = FAMILY_MODULES[family]
+        kern = kernel_module(family, pool.device) if use_kernels else None
+        self.decode_fn = getattr(kern, "decode", None) or self.ref.decode
+        self.verify_fn = getattr(kern, "verify", None) or self.ref.verify
+        self.conv_decode_fn = getattr(kern, "conventional_decode", None)
+        self.fold_fn = None
+        if kern is not None and hasattr(kern, "fold"):
+            dev = pool.device
+            self.fold_fn = lambda p, layer, slots, counts: kern.fold(   # noqa: E731
+                p, layer, torch.as_tensor(slots, dtype=torch.int32, device=dev),
+                torch.as_tensor(counts, dtype=torch.int32, device=dev))
+        self.backend = "triton" if self.decode_fn is not self.ref.decode else "reference"
+        self.conventional = pool.cfg.mode == "conventional"
+        self._snaps = {}   # snapshot verify: layer -> states [B, T, H, Dv, Dk]
+
+    @property
+    def snapshot_verify(self) -> bool:
+        return not self.replay_verify and not self.conventional
+
+    def _at(self, inputs, t):
+        timed = TIMED[self.family]
+        return tuple(x[:, t] if i in timed else x for i, x in enumerate(inputs))
+
+    def run(self, layer: int, slots: torch.Tensor, mode: str, inputs: tuple, T: int) -> torch.Tensor:
+        """Output [B, T, H, Dv] of one SSM layer for raw inputs with a T axis."""
+        if mode == "prefill":
+            state = self.pool.materialize(layer, slots.tolist()).float()
+            outs = []
+            for t in range(T):
+                o, state = self.ref.conventional_step(state, *self._at(inputs, t))
+                outs.append(o)
+            self.pool.write_state(layer, slots.tolist(), state)
+            return torch.stack(outs, dim=1)
+        if mode == "decode":
+            step = self._at(inputs, 0)
+            if self.conventional:
+                if self.conv_decode_fn is not None:
+                    return self.conv_decode_fn(self.pool.ckpt[layer], slots.int(), *step).unsqueeze(1)
+                return self.ref.decode(self.pool, layer, slots, *step).unsqueeze(1)
+            return self.decode_fn(self.pool, layer, slots, *step).unsqueeze(1)
+        if self.snapshot_verify:
+            state = self.pool.ckpt[layer, slots].float()     # cursors are 0: see begin_verify
+            outs, states = [], []
+            for t in range(T):
+                o, state = self.ref.conventional_step(state, *self._at(inputs, t))
+                outs.append(o)
+                states.append(state)
+            self._snaps[layer] = torch.stack(states, dim=1)
+            return torch.stack(outs, dim=1)
+        if self.conventional:   # the pool keeps one snapshot per draft (reference path)
+            return self.ref.verify(self.pool, layer, slots, *inputs)
+        return self.verify_fn(self.pool, layer, slots, *inputs)
+
+    # ------------------------------------------------------------------ verify bookkeeping
+    def begin_verify(self, slots: list, T: int) -> None:
+        if self.snapshot_verify:
+            self.pool.force_flush(slots, fold=self.fold_fn)   # the snapshot scheme starts from a full state
+            self._snaps = {}
+        else:
+            self.pool.begin_verify(slots, T)
+
+    def commit(self, slots: list, accepted: list) -> None:
+        """Keep the first accepted[i] verified tokens of each row (>= 1)."""
+        if not self.snapshot_verify:
+            self.pool.commit(slots, accepted, fold=self.fold_fn)
+            return
+        dev = self.pool.device
+        rows = torch.arange(len(slots), device=dev)
+        last = torch.as_tensor(accepted, device=dev) - 1
+        for layer, states in self._snaps.items():
+            self.pool.write_state(layer, slots, states[rows, last])
+        self.pool.note_prefill(slots, accepted)
+        self._snaps = {}
+        # conv state: the last K-1 columns of [conv state | accepted conv inputs]
+        conv, conv_in = self.pool.conv, self.pool.conv_in
+        if conv is None or conv_in is None or conv.shape[-1] == 0:
+            return
+        width = conv.shape[-1]
+        for s, a in zip(slots, accepted):
+            hist = torch.cat([conv[:, s], conv_in[:, s, :a].transpose(-1, -2)], dim=-1)
+            conv[:, s] = hist[..., -width:]

@@ -1,0 +1,66 @@
+"""Tokenizers of the native engine: a byte-level one (embedded model, checkpoints without tokenizer
+files) and a thin wrapper over a HuggingFace tokenizer when the model folder has one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+class ByteTokenizer:
+    """Token i < 256 is byte i; 256 is BOS, 257 is EOS. Needs a vocabulary of at least 258."""
+
+    BOS, EOS = 256, 257
+    name = "bytes"
+
+    def __init__(self, vocab_size: int = 258):
+        if vocab_size < 258:
+            raise ValueError(f"a byte-level tokenizer needs vocab_size >= 258, the model has {vocab_size}")
+        self.vocab_size = vocab_size
+        self.eos_ids = {self.EOS}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.BOS] + list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+        return self.encode(text)
+
+
+class HFTokenizer:
+    """A `transformers` tokenizer loaded from the model folder (imported lazily)."""
+
+    name = "hf"
+
+    def __init__(self, path: str):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.vocab_size = len(self.tok)
+        self.eos_ids = {self.tok.eos_token_id} if self.tok.eos_token_id is not None else set()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        if getattr(self.tok, "chat_template", None):
+            return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return self.encode(text)
+
+
+def load_tokenizer(model_path: str | None, vocab_size: int, eos_ids=()):
+    """HF tokenizer when the folder has tokenizer files, else the byte-level tokenizer."""
+    if model_path and any((Path(model_path) / f).exists() for f in TOKENIZER_FILES):
+        tok = HFTokenizer(model_path)
+    else:
+        tok = ByteTokenizer(vocab_size)
+    tok.eos_ids = set(tok.eos_ids) | {int(e) for e in eos_ids if e is not None and int(e) < vocab_size}
+    return tok

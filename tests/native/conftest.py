@@ -1,0 +1,33 @@
+"""Fixtures: tiny HuggingFace-format checkpoints written by `transformers` itself (real config.json and
+safetensors names), for the loader and end-to-end tests."""
+
+import pytest
+import torch
+
+TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            intermediate_size=96)
+
+
+def _save(model, path):
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory):
+    """{"nemotron_h": dir, "qwen3_next": dir, "qwen3_5": dir} of tiny random models + the HF models."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    c = transformers.NemotronHConfig(hybrid_override_pattern="M-M*-M", mamba_num_heads=8, mamba_head_dim=8,
+                                     ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=16, **TINY)
+    m = transformers.NemotronHForCausalLM(c).eval()
+    out["nemotron_h"] = (_save(m, root / "nemotron_h"), m)
+    gdn = dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+               linear_value_head_dim=8, linear_conv_kernel_dim=4, full_attention_interval=2, **TINY)
+    m = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(num_experts=0, **gdn)).eval()
+    out["qwen3_next"] = (_save(m, root / "qwen3_next"), m)
+    m = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**gdn)).eval()
+    out["qwen3_5"] = (_save(m, root / "qwen3_5"), m)
+    return out
