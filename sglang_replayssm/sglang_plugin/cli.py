@@ -1,0 +1,55 @@
+"""The ``--replayssm-*`` flags on SGLang's own command line (``sglang serve``, ``python -m
+sglang.launch_server``, our launcher).
+
+* ``ServerArgs.add_cli_args`` (after): adds the flags of :mod:`sglang_replayssm.flags` to SGLang's
+  parser, with "not given" defaults so we can tell whether the user asked for ReplaySSM.
+* ``ServerArgs.from_cli_args`` (around): when any flag was given (or ``SGLANG_REPLAYSSM_OPTIONS`` is
+  set), builds and validates the options (value checks in ``flags.py``, combination checks against
+  SGLang's arguments in ``options.py``), resolves ``--mamba-radix-cache-strategy auto`` to
+  ``no_buffer``, stores the options in the environment for the processes SGLang spawns, and keeps a
+  copy on the record (``server_args._replayssm_options``, bookkeeping that survives pickling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions, add_replayssm_args
+
+from .options import check_against_sglang, set_active
+
+_NOT_GIVEN = "__replayssm_not_given__"
+_DESTS = ("replayssm_window", "replayssm_ckpt_precision", "replayssm_read_copy", "replayssm_decode",
+          "replayssm_verify")
+
+
+def add_cli_args(result, parser, *args, **kwargs):
+    add_replayssm_args(parser)
+    parser.set_defaults(**{dest: _NOT_GIVEN for dest in _DESTS})
+    return result
+
+
+def options_from_namespace(ns) -> ReplaySSMOptions | None:
+    """Options the user asked for on this command line (None: ReplaySSM off)."""
+    given = {d: getattr(ns, d) for d in _DESTS if getattr(ns, d, _NOT_GIVEN) != _NOT_GIVEN}
+    if not given and not os.environ.get(ENV_VAR):
+        return None
+    base = ReplaySSMOptions.from_env() if os.environ.get(ENV_VAR) else ReplaySSMOptions()
+    fields = dataclasses.asdict(base)
+    for dest, value in given.items():
+        fields[dest[len("replayssm_"):]] = value
+    return ReplaySSMOptions(**fields)
+
+
+def from_cli_args(original, cls, args):
+    opts = options_from_namespace(args)
+    if opts is not None:
+        check_against_sglang(opts, args)
+        if opts.decode and getattr(args, "mamba_radix_cache_strategy", None) == "auto":
+            args.mamba_radix_cache_strategy = "no_buffer"
+    set_active(opts)
+    server_args = original(cls, args)
+    if opts is not None:
+        server_args._replayssm_options = dataclasses.asdict(opts)
+    return server_args

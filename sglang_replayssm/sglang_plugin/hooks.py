@@ -1,0 +1,69 @@
+"""Every hook the plugin installs, registered through SGLang's ``HookRegistry``.
+
+SGLang's ``load_plugins()`` runs in the launcher and again in every spawned scheduler / detokenizer
+process (entry point group ``sglang.srt.plugins``), then applies the registered hooks; so the hooks are
+active wherever the model runs. ``SGLANG_PLUGINS=<names>`` restricts which plugins load
+(``replayssm`` is ours). The hooks are inert unless ReplaySSM options are in force (``options.py``).
+"""
+
+from __future__ import annotations
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from . import backends, budget, cli, spec
+from .pool import ReplayMambaPool, settle_all
+
+_HYB = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
+_GDN = "sglang.srt.layers.attention.linear.gdn_backend"
+_KDA = "sglang.srt.layers.attention.linear.kda_backend"
+
+
+def _settle_after_forward(result, *args, **kwargs):
+    settle_all()
+    return result
+
+
+def hook_table() -> list[tuple[str, object, HookType]]:
+    table = [
+        # flags
+        ("sglang.srt.server_args.ServerArgs.add_cli_args", cli.add_cli_args, HookType.AFTER),
+        ("sglang.srt.server_args.ServerArgs.from_cli_args", cli.from_cli_args, HookType.AROUND),
+        # pool + budget
+        ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.mamba_pool_cls", ReplayMambaPool, HookType.REPLACE),
+        ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache",
+         budget.handle_max_mamba_cache, HookType.AROUND),
+        # Mamba-2 decode / verify kernel
+        ("sglang.kernels.ops.mamba.triton_ops.ssu_dispatch.selective_state_update",
+         backends.mamba2_selective_state_update, HookType.AROUND),
+        # prefill -> checkpoint
+        (f"{_HYB}.Mamba2AttnBackend.forward", backends.mamba2_forward, HookType.AROUND),
+        (f"{_GDN}.GDNAttnBackend.forward_extend", backends.delta_forward_extend, HookType.AROUND),
+        (f"{_KDA}.KDAAttnBackend.forward_extend", backends.delta_forward_extend, HookType.AROUND),
+        # per-step metadata (eager and CUDA-graph replay)
+        (f"{_HYB}.Mamba2AttnBackend.init_forward_metadata", backends.init_metadata_after, HookType.AFTER),
+        (f"{_HYB}.Mamba2AttnBackend.init_forward_metadata_out_graph", backends.init_metadata_after, HookType.AFTER),
+        (f"{_GDN}.GDNAttnBackend.init_forward_metadata", backends.init_metadata_after, HookType.AFTER),
+        (f"{_GDN}.GDNAttnBackend.init_forward_metadata_out_graph", backends.init_metadata_after, HookType.AFTER),
+        (f"{_KDA}.KDAAttnBackend.init_forward_metadata", backends.init_metadata_after, HookType.AFTER),
+        (f"{_HYB}.MambaAttnBackendBase.init_forward_metadata_out_graph", backends.init_metadata_after,
+         HookType.AFTER),
+        # cursor move once all layers of a decode step ran
+        ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _settle_after_forward, HookType.AFTER),
+        # speculative commit
+        ("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify", spec.commit_mamba_states_after_verify,
+         HookType.AROUND),
+        (f"{_HYB}.HybridLinearAttnBackend.update_mamba_state_after_mtp_verify",
+         spec.update_mamba_state_after_mtp_verify, HookType.AROUND),
+    ]
+    for family, cls in (("gdn", f"{_GDN}.GDNKernelDispatcher"), ("kda", f"{_KDA}.KDAKernelDispatcher")):
+        table += [
+            (f"{cls}.decode", backends.make_decode_hook(family), HookType.AROUND),
+            (f"{cls}.packed_decode", backends.make_packed_decode_hook(family), HookType.AROUND),
+            (f"{cls}.target_verify", backends.make_target_verify_hook(family), HookType.AROUND),
+        ]
+    return table
+
+
+def register_hooks() -> None:
+    for target, hook, kind in hook_table():
+        HookRegistry.register(target, hook, kind)
