@@ -25,6 +25,7 @@ from .options import active_options
 from .pool import family_of, geometry_of
 
 logger = logging.getLogger(__name__)
+CONFIGURATOR_MODULE = "sglang.srt.mem_cache.kv_cache_configurator"
 
 
 def extra_bytes_per_slot(cache_params, opts, drafts: int) -> int:
@@ -44,7 +45,7 @@ def handle_max_mamba_cache(original, self, total_rest_memory):
     cfg = self.mambaish_config
     if opts is None or not opts.decode or cfg is None or family_of(cfg.mamba2_cache_params) is None:
         return original(self, total_rest_memory)
-    mod = sys.modules[type(self).__module__]
+    mod = sys.modules[CONFIGURATOR_MODULE]
     drafts = 0
     if not self.spec_algorithm.is_none():
         drafts = int(mod.max_speculative_num_draft_tokens() or 0)

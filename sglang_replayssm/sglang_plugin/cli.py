@@ -19,7 +19,14 @@ from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions, add_replayssm_args
 
 from .options import check_against_sglang, set_active
 
-_NOT_GIVEN = "__replayssm_not_given__"
+class _NotGiven:
+    """Default of our flags on SGLang's parser (not a str: argparse would run `type` on it)."""
+
+    def __repr__(self):
+        return "<not given>"
+
+
+_NOT_GIVEN = _NotGiven()
 _DESTS = ("replayssm_window", "replayssm_ckpt_precision", "replayssm_read_copy", "replayssm_decode",
           "replayssm_verify")
 
@@ -32,7 +39,7 @@ def add_cli_args(result, parser, *args, **kwargs):
 
 def options_from_namespace(ns) -> ReplaySSMOptions | None:
     """Options the user asked for on this command line (None: ReplaySSM off)."""
-    given = {d: getattr(ns, d) for d in _DESTS if getattr(ns, d, _NOT_GIVEN) != _NOT_GIVEN}
+    given = {d: getattr(ns, d) for d in _DESTS if getattr(ns, d, _NOT_GIVEN) is not _NOT_GIVEN}
     if not given and not os.environ.get(ENV_VAR):
         return None
     base = ReplaySSMOptions.from_env() if os.environ.get(ENV_VAR) else ReplaySSMOptions()
