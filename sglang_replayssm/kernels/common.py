@@ -12,6 +12,9 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# fp32 products of state-sized tiles on the GPU: 3xTF32 tensor-core dots (fp32-level accuracy,
+# few registers); the interpreter computes every dot in fp32 anyway.
+FOLD_PREC = tl.constexpr("ieee" if INTERPRET else "tf32x3")
 
 SOFTPLUS_THRESHOLD = 20.0
 FP8_MAX = 448.0
@@ -57,42 +60,12 @@ def round_e4m3(y):
     return tl.minimum(tl.maximum(r, -448.0), 448.0)
 
 
-@triton.jit
-def store_fp8_rows(S, rc_ptrs, rs_ptrs, mask2, mask_row, INTERPRET: tl.constexpr):
-    """Quantize the rows of tile S ([BV, BK], complete rows) to e4m3 with per-row scales."""
-    amax = tl.max(tl.abs(S), axis=1)
-    scale = tl.where(amax == 0.0, 1.0, amax / 448.0)
-    y = S / scale[:, None]
-    if INTERPRET:
-        y = round_e4m3(y)
-    tl.store(rc_ptrs, y.to(tl.float8e4nv), mask=mask2)
-    tl.store(rs_ptrs, scale, mask=mask_row)
-
-
 # ----------------------------------------------------------------------------- NVFP4
 @triton.jit
 def nvfp4_code_value(idx):
     # table {0, .5, 1, 1.5, 2, 3, 4, 6}
     return tl.where(idx < 4, idx.to(tl.float32) * 0.5,
                     tl.where(idx == 4, 2.0, tl.where(idx == 5, 3.0, tl.where(idx == 6, 4.0, 6.0))))
-
-
-@triton.jit
-def dequant_nvfp4_tile(rc_ptr, bs_ptr, gs, o_v, o_k, mask_v, K: tl.constexpr, BK: tl.constexpr,
-                       row_base):
-    """Dequantize rows o_v of one head's NVFP4 read copy into a [BV, BK] fp32 tile.
-
-    rc_ptr: head base of the packed codes [Dv, K//2] (uint8); bs_ptr: head base of the block
-    scales [Dv, K//16] (e4m3); gs: head global scale."""
-    mask2 = mask_v[:, None] & (o_k[None, :] < K)
-    byte = tl.load(rc_ptr + o_v[:, None] * (K // 2) + (o_k[None, :] // 2), mask=mask2, other=0)
-    byte = byte.to(tl.int32)
-    code = tl.where((o_k[None, :] % 2) == 0, byte & 0xF, (byte >> 4) & 0xF)
-    mag = nvfp4_code_value(code & 0x7)
-    val = tl.where((code & 0x8) != 0, -mag, mag)
-    bs = tl.load(bs_ptr + o_v[:, None] * (K // 16) + (o_k[None, :] // 16), mask=mask2,
-                 other=0.0).to(tl.float32)
-    return val * bs * gs
 
 
 # ----------------------------------------------------------------------------- fp16 + SR
@@ -138,6 +111,14 @@ def check_tensor(name: str, t, shape=None, dtype=None, device=None) -> None:
 
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
+
+
+def chunk_k(Dk: int, want: int = 32) -> int:
+    """Column chunk of the state walked per loop iteration (a power of 2 >= 16 dividing Dk)."""
+    for c in (want, 64, 32, 16):
+        if c <= Dk and Dk % c == 0:
+            return c
+    raise ValueError(f"head_k_dim {Dk} must be a multiple of 16")
 
 
 # ----------------------------------------------------------------------------- pool access
@@ -219,77 +200,128 @@ def fp16_sr(x, seed, stream, idx):
 
 
 @triton.jit
-def store_state(S, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
-                seed, stream, idx_base,
-                K: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
-                INTERPRET: tl.constexpr):
-    """Write a [BV, BK] tile of new state: checkpoint (fp32, or fp16 with SR) and read copy.
-
-    head_rows: int64 index of row 0 of this head in the [S*H*Dv] row space."""
-    mask2 = mask_v[:, None] & mask_k[None, :]
-    rows = head_rows + o_v
-    offs = rows[:, None] * K + o_k[None, :]
-    if RC == 1:
-        amax = tl.max(tl.abs(tl.where(mask2, S, 0.0)), axis=1)
-        sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
-        y = S / sc[:, None]
-        if INTERPRET:
-            y = round_e4m3(y)
-        y8 = y.to(tl.float8e4nv)
-        tl.store(rc_ptr + offs, y8, mask=mask2)
-        tl.store(rs_ptr + rows, sc, mask=mask_v)
-        if SHARED:
-            S = y8.to(tl.float32) * sc[:, None]
-    if CKPT_SR:
-        idx = idx_base + (o_v[:, None] * K + o_k[None, :]).to(tl.int64)
-        tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask2)
-    else:
-        tl.store(ckpt_ptr + offs, S.to(ckpt_ptr.dtype.element_ty), mask=mask2)
-
-
-@triton.jit
-def replay_tile(S0, Dr, Kr, Gr, mask_r, PER_CHANNEL: tl.constexpr):
-    """State after the records: S = S0*decay_all + sum_j d_j (w_j * k_j)^T (fp32, exact dot).
-
-    Dr [BR, BV] record d's, Kr [BR, BK] record keys, Gr [BR] (or [BR, BK]) log-decays, records
-    outside mask_r already zero."""
-    if PER_CHANNEL:
-        gtot = tl.sum(Gr, axis=0)
-        W = tl.where(mask_r[:, None], tl.exp(gtot[None, :] - tl.cumsum(Gr, axis=0)), 0.0)
-        S = S0 * tl.exp(gtot)[None, :] + tl.dot(tl.trans(Dr), Kr * W, input_precision="ieee")
-    else:
-        gtot = tl.sum(Gr, axis=0)
-        w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
-        S = S0 * tl.exp(gtot) + tl.dot(tl.trans(Dr * w[:, None]), Kr, input_precision="ieee")
-    return S
-
-
-@triton.jit
-def load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_k, mask_v,
-                    mask_k, K: tl.constexpr, BK: tl.constexpr, RC: tl.constexpr):
-    """[BV, BK] fp32 tile of the checkpoint (RC=0) or of the dequantized read copy."""
-    mask2 = mask_v[:, None] & mask_k[None, :]
+def load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v,
+                     K: tl.constexpr, RC: tl.constexpr):
+    """[BV, BKC] fp32 chunk (rows o_v, columns o_kc) of one head's checkpoint (RC=0) or of its
+    dequantized read copy (RC=1 fp8 per-row scales, RC=2 NVFP4). head_rows: int64 index of the
+    head's row 0 in the [S*H*Dv] row space; i_head: its index in the [S*H] head space."""
     rows = head_rows + o_v
     if RC == 0:
-        S = tl.load(ckpt_ptr + rows[:, None] * K + o_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+        S = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
     elif RC == 1:
-        S = tl.load(rc_ptr + rows[:, None] * K + o_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+        S = tl.load(rc_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
         S = S * tl.load(rs_ptr + rows, mask=mask_v, other=0.0)[:, None]
     else:
-        gs = tl.load(rgs_ptr + i_head)
-        S = dequant_nvfp4_tile(rc_ptr + (head_rows * (K // 2)), rs_ptr + head_rows * (K // 16), gs,
-                               o_v, o_k, mask_v, K, BK, 0)
+        byte = tl.load(rc_ptr + rows[:, None] * (K // 2) + (o_kc[None, :] // 2), mask=mask_v[:, None],
+                       other=0).to(tl.int32)
+        code = tl.where((o_kc[None, :] % 2) == 0, byte & 0xF, (byte >> 4) & 0xF)
+        mag = nvfp4_code_value(code & 0x7)
+        val = tl.where((code & 0x8) != 0, -mag, mag)
+        bs = tl.load(rs_ptr + rows[:, None] * (K // 16) + (o_kc[None, :] // 16), mask=mask_v[:, None],
+                     other=0.0).to(tl.float32)
+        S = val * bs * tl.load(rgs_ptr + i_head)
     return S
+
+
+@triton.jit
+def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v,
+                q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                RKS: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
+                BR: tl.constexpr, RC: tl.constexpr, NEED_K: tl.constexpr):
+    """One pass over the head's state in column chunks: S0 q, S0 k ([BV]) and the record dot
+    products K_r q, K_r k ([BR]) for the current token (q = q_row * rq, k = k_row * rk)."""
+    sq0 = tl.zeros([BV], dtype=tl.float32)
+    sk0 = tl.zeros([BV], dtype=tl.float32)
+    kqr = tl.zeros([BR], dtype=tl.float32)
+    kkr = tl.zeros([BR], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        qc = tl.load(q_row + o_kc).to(tl.float32) * rq
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        sq0 += tl.sum(S0 * qc[None, :], axis=1)
+        kqr += tl.sum(Kr * qc[None, :], axis=1)
+        if NEED_K:
+            kc = tl.load(k_row + o_kc).to(tl.float32) * rk
+            sk0 += tl.sum(S0 * kc[None, :], axis=1)
+            kkr += tl.sum(Kr * kc[None, :], axis=1)
+    return sq0, sk0, kqr, kkr
+
+
+@triton.jit
+def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, o_r, mask_r, Dw, gam, alpha,
+                     dcur, k_row, rk, RKS: tl.constexpr, K: tl.constexpr, HAS_CUR: tl.constexpr):
+    rows = head_rows + o_v
+    S0 = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
+    Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+    S = alpha * (gam * S0 + tl.dot(tl.trans(Dw), Kr, input_precision=FOLD_PREC))
+    if HAS_CUR:
+        kc = tl.load(k_row + o_kc).to(tl.float32) * rk
+        S = S + dcur[:, None] * kc[None, :]
+    return S
+
+
+@triton.jit
+def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r,
+               Dw, gam, alpha, dcur, k_row, rk, seed, stream, idx_base,
+               RKS: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
+               RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_CUR: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """Write the folded state S = alpha*(gam*S0 + Dw^T K_r) (+ dcur k^T) of rows o_v of one head:
+    checkpoint (fp32, or fp16 with stochastic rounding) and the fp8 read copy (per-row scales need
+    a first pass for the row maxima). Reads S0 from the high-precision checkpoint."""
+    rows = head_rows + o_v
+    if RC == 1:
+        amax = tl.zeros([BV], dtype=tl.float32)
+        for c in range(K // BKC):
+            o_kc = c * BKC + tl.arange(0, BKC)
+            S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, o_r, mask_r, Dw, gam,
+                                 alpha, dcur, k_row, rk, RKS, K, HAS_CUR)
+            amax = tl.maximum(amax, tl.max(tl.abs(S), axis=1))
+        sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
+        tl.store(rs_ptr + rows, sc, mask=mask_v)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, o_r, mask_r, Dw, gam,
+                             alpha, dcur, k_row, rk, RKS, K, HAS_CUR)
+        offs = rows[:, None] * K + o_kc[None, :]
+        if RC == 1:
+            y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
+            if INTERPRET:
+                y = round_e4m3(y)
+            y8 = y.to(tl.float8e4nv)
+            tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
+            if SHARED:
+                S = y8.to(tl.float32) * sc[:, None]
+        if CKPT_SR:
+            idx = idx_base + (o_v[:, None] * K + o_kc[None, :]).to(tl.int64)
+            tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask_v[:, None])
+        else:
+            tl.store(ckpt_ptr + offs, S.to(ckpt_ptr.dtype.element_ty), mask=mask_v[:, None])
+
+
+@triton.jit
+def load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H: tl.constexpr,
+                 V: tl.constexpr, R: tl.constexpr):
+    """Records 0..c-1 of one head: d [BR, BV] (rows o_v), per-record weights w [BR]
+    (w_j = prod_{i>j} exp(g_i)) and the total decay gamma = prod_j exp(g_j)."""
+    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
+    gtot = tl.sum(Gr, axis=0)
+    w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    return Dr, w, tl.exp(gtot)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
 def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
                  recd_ptr, reck_ptr, recg_ptr, seed, layer,
                  H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 R: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+                 R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                  RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
-                 PER_CHANNEL: tl.constexpr, INTERPRET: tl.constexpr):
-    """Fold records 0..count-1 of each row into its checkpoint (+ read copy). count 0: no-op."""
+                 INTERPRET: tl.constexpr):
+    """Fold records 0..count-1 of each row into its checkpoint (+ read copy). count 0: no-op.
+    Scalar-decay families (Mamba-2, GDN); KDA has its own in kda.py."""
     i_v = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b = tl.program_id(2)
@@ -298,32 +330,20 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
         i_hk = i_h // (H // HK)
         slot = tl.load(slots_ptr + i_b).to(tl.int64)
         o_v = i_v * BV + tl.arange(0, BV)
-        o_k = tl.arange(0, BK)
         o_r = tl.arange(0, BR)
         mask_v = o_v < V
-        mask_k = o_k < K
         mask_r = o_r < cnt
-        head_rows = (slot * H + i_h) * V
-        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
-                             o_v, o_k, mask_v, mask_k, K, BK, 0)
-        Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * HK + i_hk) * K + o_k[None, :],
-                     mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        if PER_CHANNEL:
-            Gr = tl.load(recg_ptr + ((slot * R + o_r[:, None]) * H + i_h) * K + o_k[None, :],
-                         mask=mask_r[:, None] & mask_k[None, :], other=0.0)
-        else:
-            Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
-        S = replay_tile(S0, Dr, Kr, Gr, mask_r, PER_CHANNEL)
+        Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
         stream = tl.load(folded_ptr + slot) + cnt
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        store_state(S, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
-                    seed, stream, idx_base, K, RC, CKPT_SR, SHARED, INTERPRET)
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, o_v, mask_v,
+                   reck_ptr + (slot * R * HK + i_hk) * K, o_r, mask_r, Dr * w[:, None], gam, 1.0,
+                   tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
+                   HK * K, K, BKC, BV, RC, CKPT_SR, SHARED, False, INTERPRET)
 
 
 def fold(pool, layer: int, slots, counts, per_channel: bool,
-         block_v: int | None = None, num_warps: int = 4) -> None:
+         block_v: int | None = None, num_warps: int = 2) -> None:
     """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place.
 
     slots / counts: int32 tensors [B] on the pool's device, or sequences of ints (as
@@ -338,16 +358,19 @@ def fold(pool, layer: int, slots, counts, per_channel: bool,
     check_tensor("counts", counts, shape=(B,), dtype=torch.int32, device=lv.device)
     if B == 0:
         return
-    BV = block_v or min(next_pow2(lv.Dv), 32)
-    BK = next_pow2(lv.Dk)
+    BV = block_v or 16
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(lv.Dv, BV), lv.H, B)
-    _fold_kernel[grid](slots, counts, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
-                       lv.rec_g, lv.seed, lv.layer,
-                       H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BK=BK, BR=BR,
-                       RC=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant,
-                       PER_CHANNEL=per_channel, INTERPRET=INTERPRET, num_warps=num_warps)
+    if per_channel:
+        from .kda import _kda_fold_kernel as kern
+    else:
+        kern = _fold_kernel
+    kern[grid](slots, counts, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
+               lv.rec_g, lv.seed, lv.layer,
+               H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BKC=chunk_k(lv.Dk), BR=BR,
+               RC=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant,
+               INTERPRET=INTERPRET, num_warps=num_warps)
 
 
 # ----------------------------------------------------------------------------- draft trees

@@ -13,28 +13,28 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, draft_structure,
-                     l2norm, load_state_tile, next_pow2, replay_tile, row_select, softplus,
-                     store_state)
+from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k,
+                     draft_structure, fold_store, load_records, load_state_chunk, next_pow2,
+                     replay_pass, row_select, softplus)
 from . import common
 
 L2_EPS = 1e-6
 
 
 @triton.jit
-def _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, i_hk, o_k, mask_k,
-               o_v, mask_v, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
-               V: tl.constexpr, EPS: tl.constexpr):
-    qv = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-    kv = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-    qv = l2norm(qv, EPS) * scale
-    kv = l2norm(kv, EPS)
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+def _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale, H: tl.constexpr,
+                 K: tl.constexpr, EPS: tl.constexpr):
+    """Per (row, head) scalars of the current token: q/k normalisers, k.q, g, beta."""
+    o_k = tl.arange(0, K)
+    qf = tl.load(q_row + o_k).to(tl.float32)
+    kf = tl.load(k_row + o_k).to(tl.float32)
+    rq = scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS)
+    rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
+    kq = tl.sum(qf * kf, axis=0) * rq * rk
     av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
     bv = tl.load(b_ptr + i_b * H + i_h).to(tl.float32)
     g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
-    beta = tl.sigmoid(bv)
-    return qv, kv, vv, g, beta
+    return rq, rk, kq, g, tl.sigmoid(bv)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -43,7 +43,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                        scale, seed, layer,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr):
     i_v = tl.program_id(0)
@@ -54,59 +54,48 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     cur = tl.load(cursor_ptr + slot)
     is_flush = (cur + 1) >= WINDOW
     o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
     o_r = tl.arange(0, BR)
     mask_v = o_v < V
-    mask_k = o_k < K
     mask_r = o_r < cur
-    qv, kv, vv, g, beta = _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b,
-                                     i_h, i_hk, o_k, mask_k, o_v, mask_v, scale, H, HK, K, V, EPS)
+    q_row = q_ptr + (i_b * HK + i_hk) * K
+    k_row = k_ptr + (i_b * HK + i_hk) * K
+    rq, rk, kq, g, beta = _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
+                                       H, K, EPS)
     alpha = tl.exp(g)
-    kq = tl.sum(kv * qv, axis=0)
-    # records 0..cur-1 of this row (k shared by the value heads of a k-head)
-    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
-    Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * HK + i_hk) * K + o_k[None, :],
-                 mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    # S q and S k of the state before this token: checkpoint (flush rows: the fp32 one, others
+    # the read copy) plus the records, without forming the state
     if is_flush:
-        # fold the window into the high-precision checkpoint: S_t = alpha*replay(S0) + d k^T
-        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
-                             o_v, o_k, mask_v, mask_k, K, BK, 0)
-        Sp = alpha * replay_tile(S0, Dr, Kr, Gr, mask_r, False)
-        sq = tl.sum(Sp * qv[None, :], axis=1)
-        sk = tl.sum(Sp * kv[None, :], axis=1)
-        d = beta * (vv - sk)
-        o = sq + d * kq
-        Sn = Sp + d[:, None] * kv[None, :]
-        stream = tl.load(folded_ptr + slot) + WINDOW
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        store_state(Sn, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
-                    seed, stream, idx_base, K, RC, CKPT_SR, SHARED, INTERPRET)
+        sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                         mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                                         HK * K, K, BKC, BV, BR, 0, True)
     else:
-        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
-                             o_v, o_k, mask_v, mask_k, K, BK, RC)
-        sq0 = tl.sum(S0 * qv[None, :], axis=1)
-        sk0 = tl.sum(S0 * kv[None, :], axis=1)
-        gtot = tl.sum(Gr, axis=0)
-        w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
-        cq = w * tl.sum(Kr * qv[None, :], axis=1)
-        ck = w * tl.sum(Kr * kv[None, :], axis=1)
-        gam = tl.exp(gtot)
-        sq = alpha * (gam * sq0 + tl.sum(Dr * cq[:, None], axis=0))
-        sk = alpha * (gam * sk0 + tl.sum(Dr * ck[:, None], axis=0))
-        d = beta * (vv - sk)
-        o = sq + d * kq
+        sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                         mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                                         HK * K, K, BKC, BV, BR, RC, True)
+    sq = alpha * (gam * sq0 + tl.sum(Dr * (w * kqr)[:, None], axis=0))
+    sk = alpha * (gam * sk0 + tl.sum(Dr * (w * kkr)[:, None], axis=0))
+    d = beta * (vv - sk)
+    o = sq + d * kq
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    if is_flush:  # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
+        stream = tl.load(folded_ptr + slot) + cur + 1
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r,
+                   Dr * w[:, None], gam, alpha, d, k_row, rk, seed, stream, idx_base,
+                   HK * K, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
     # the record of this token at ring position cur
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
         if i_h % (H // HK) == 0:
-            tl.store(reck_ptr + ((slot * R + cur) * HK + i_hk) * K + o_k,
-                     kv.to(reck_ptr.dtype.element_ty), mask=mask_k)
+            o_k = tl.arange(0, K)
+            kf = tl.load(k_row + o_k).to(tl.float32) * rk
+            tl.store(reck_base + cur * (HK * K) + o_k, kf.to(reck_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -142,9 +131,9 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
                        recd_ptr, reck_ptr, recg_ptr, scale,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                       BK: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                       BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
                        HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
-    """Output-only verify of T drafts (chain or tree): O = D_q Sc Q + (E * QK^T) Dd, with the
+    """Output-only verify of T drafts (chain or tree): O = exp(G) Sc Q + (E * QK^T) Dd, with the
     draft d's from the within-draft delta-rule solve; writes the T draft records at cursor.."""
     i_v = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -153,19 +142,49 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
     o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
     o_r = tl.arange(0, BR)
     o_t = tl.arange(0, BT)
     mask_v = o_v < V
-    mask_k = o_k < K
     mask_r = o_r < cur
     mask_t = o_t < T
     tok = i_b * T + o_t
-    mtk = mask_t[:, None] & mask_k[None, :]
-    Q = tl.load(q_ptr + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
-    Kd = tl.load(k_ptr + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=mtk, other=0.0).to(tl.float32)
-    Q = Q / tl.sqrt(tl.sum(Q * Q, axis=1) + EPS)[:, None] * scale
-    Kd = Kd / tl.sqrt(tl.sum(Kd * Kd, axis=1) + EPS)[:, None]
+    qk_rows = (tok * HK + i_hk) * K
+    # L2 norms of the drafts' q and k
+    nq = tl.zeros([BT], dtype=tl.float32)
+    nk = tl.zeros([BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        nq += tl.sum(Qc * Qc, axis=1)
+        nk += tl.sum(Kc * Kc, axis=1)
+    rq = scale / tl.sqrt(nq + EPS)
+    rk = 1.0 / tl.sqrt(nk + EPS)
+    # one pass over the checkpoint (read copy) and the committed keys
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    S0Q = tl.zeros([BT, BV], dtype=tl.float32)
+    S0K = tl.zeros([BT, BV], dtype=tl.float32)
+    KrQ = tl.zeros([BR, BT], dtype=tl.float32)
+    KrK = tl.zeros([BR, BT], dtype=tl.float32)
+    QK = tl.zeros([BT, BT], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        S0Q += tl.dot(Qc, tl.trans(S0), input_precision=PREC)
+        S0K += tl.dot(Kc, tl.trans(S0), input_precision=PREC)
+        KrQ += tl.dot(Kr, tl.trans(Qc), input_precision="ieee")
+        KrK += tl.dot(Kr, tl.trans(Kc), input_precision="ieee")
+        QK += tl.dot(Qc, tl.trans(Kc), input_precision="ieee")
+        KK += tl.dot(Kc, tl.trans(Kc), input_precision="ieee")
+    Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SQ = gam * S0Q + tl.dot(tl.trans(KrQ * w[:, None]), Dr, input_precision="ieee")   # Sc q_t  [BT, BV]
+    SK = gam * S0K + tl.dot(tl.trans(KrK * w[:, None]), Dr, input_precision="ieee")   # Sc k_t
+    # draft gates and the path structure
     Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
@@ -174,34 +193,18 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     G = tl.where(mask_t, G, 0.0)
     beta = tl.sigmoid(bv)
     ANC, LG = draft_structure(par_ptr + i_b * T, G, T, BT, HAS_PARENTS)
-    # committed state Sc = replay(S0, records 0..cur-1), then its products with the drafts' q, k
-    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
-    Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * HK + i_hk) * K + o_k[None, :],
-                 mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    head_rows = (slot * H + i_h) * V
-    S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_k,
-                         mask_v, mask_k, K, BK, RC)
-    Sc = replay_tile(S0, Dr, Kr, Gr, mask_r, False)
-    SQ = tl.dot(Q, tl.trans(Sc), input_precision=PREC)   # [BT, BV]
-    SK = tl.dot(Kd, tl.trans(Sc), input_precision=PREC)
-    # decay from node i to node t along the path (0 off the path)
-    onpath = ANC > 0.0
-    E = tl.where(onpath, tl.exp(tl.minimum(LG[:, None] - LG[None, :], 0.0)), 0.0)
-    KK = tl.dot(Kd, tl.trans(Kd), input_precision="ieee")
-    QK = tl.dot(Q, tl.trans(Kd), input_precision="ieee")
+    E = tl.where(ANC > 0.0, tl.exp(tl.minimum(LG[:, None] - LG[None, :], 0.0)), 0.0)  # decay i -> t on the path
     M = tl.where(o_t[:, None] == o_t[None, :], 0.0, E * KK)
     RHS = Vd - tl.exp(LG)[:, None] * SK
     Dd = tl.zeros([BT, BV], dtype=tl.float32)
-    for t in tl.static_range(T):
+    for t in tl.static_range(T):  # forward substitution (topological order)
         corr = tl.sum(row_select(M, t, o_t)[:, None] * Dd, axis=0)
         bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
         dt = bt * (row_select(RHS, t, o_t) - corr)
         Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
     O = tl.exp(LG)[:, None] * SQ + tl.dot(E * QK, Dd, input_precision="ieee")
-    mtv = mask_t[:, None] & mask_v[None, :]
-    tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty), mask=mtv)
+    tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
+             mask=mask_t[:, None] & mask_v[None, :])
     pos = cur + o_t
     mpos = mask_t & (pos < R)
     tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
@@ -209,8 +212,26 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
         if i_h % (H // HK) == 0:
-            tl.store(reck_ptr + ((slot * R + pos[:, None]) * HK + i_hk) * K + o_k[None, :],
-                     Kd.to(reck_ptr.dtype.element_ty), mask=mpos[:, None] & mask_k[None, :])
+            for c in range(K // BKC):
+                o_kc = c * BKC + tl.arange(0, BKC)
+                Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_ptr.dtype.element_ty),
+                         mask=mpos[:, None])
+
+
+@triton.jit
+def _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, i_hk, o_k, mask_k,
+               o_v, mask_v, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, EPS: tl.constexpr):
+    qv = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    kv = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    qv = qv * (scale / tl.sqrt(tl.sum(qv * qv, axis=0) + EPS))
+    kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + EPS)
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
+    bv = tl.load(b_ptr + i_b * H + i_h).to(tl.float32)
+    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    return qv, kv, vv, g, tl.sigmoid(bv)
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -234,7 +255,7 @@ def _block_v(Dv, B, H, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, num_warps=4):
+           block_v=None, block_k=None, num_warps=None):
     """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
 
     Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
@@ -260,14 +281,14 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
                              scale, lv.seed, lv.layer,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
-                             BK=next_pow2(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, num_warps=num_warps)
+                             INTERPRET=INTERPRET, num_warps=num_warps or 4)
     return out
 
 
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
-           out=None, block_v=None, num_warps=4, precision=None):
+           out=None, block_v=None, block_k=None, num_warps=None, precision=None):
     """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
     or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
     returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below)."""
@@ -289,20 +310,20 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
         return out
     BV = _block_v(Dv, B, H, block_v)
     rc, rs, rgs = lv.rc_args()
-    prec = precision or ("ieee" if INTERPRET else "tf32x3")
+    prec = precision or "ieee"
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                              parents if parents is not None else slots, out, slots, lv.cursor,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(16, next_pow2(T)), BV=BV,
-                             BK=next_pow2(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              HAS_PARENTS=parents is not None, EPS=L2_EPS, PREC=prec,
-                             num_warps=num_warps)
+                             num_warps=num_warps or 4)
     return out
 
 
 def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-                        block_v=None, num_warps=4):
+                        block_v=None, num_warps=None):
     """Conventional GDN decode: read, update and write state[slots] ([S, H, Dv, Dk]) in place."""
     check(isinstance(state, torch.Tensor) and state.dim() == 4,
           "state must be a 4-D tensor [S, H, Dv, Dk]")
@@ -321,7 +342,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_conv_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, state, scale,
                            H=H, HK=Hk, K=Dk, V=Dv, BV=BV, BK=next_pow2(Dk), EPS=L2_EPS,
-                           num_warps=num_warps)
+                           num_warps=num_warps or 4)
     return out
 
 

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, load_state_tile,
-                     next_pow2, replay_tile, softplus, store_state)
+from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fold_store,
+                     load_records, next_pow2, replay_pass, softplus)
 
 
 @triton.jit
@@ -43,7 +43,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                       seed, layer,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                      R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                       SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr):
     i_v = tl.program_id(0)
@@ -54,47 +54,47 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     cur = tl.load(cursor_ptr + slot)
     is_flush = (cur + 1) >= WINDOW
     o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
     o_r = tl.arange(0, BR)
     mask_v = o_v < V
-    mask_k = o_k < K
     mask_r = o_r < cur
-    xv, Bv, Cv, u, g, Dh = _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b,
-                                     i_h, i_g, o_k, mask_k, o_v, mask_v, H, G, K, V)
+    B_row = B_ptr + (i_b * G + i_g) * K
+    C_row = C_ptr + (i_b * G + i_g) * K
+    o_k = tl.arange(0, K)
+    bc = tl.sum(tl.load(B_row + o_k).to(tl.float32) * tl.load(C_row + o_k).to(tl.float32), axis=0)
+    xv = tl.load(x_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + i_b * H + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
+    g = dt * tl.load(A_ptr + i_h).to(tl.float32)
     a = tl.exp(g)
-    bc = tl.sum(Bv * Cv, axis=0)
-    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
-    Kr = tl.load(reck_ptr + ((slot * R + o_r[:, None]) * G + i_g) * K + o_k[None, :],
-                 mask=mask_r[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    u = dt * xv
+    Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * G + i_g) * K
     if is_flush:
-        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
-                             o_v, o_k, mask_v, mask_k, K, BK, 0)
-        Sn = a * replay_tile(S0, Dr, Kr, Gr, mask_r, False) + u[:, None] * Bv[None, :]
-        y = tl.sum(Sn * Cv[None, :], axis=1)
-        stream = tl.load(folded_ptr + slot) + WINDOW
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        store_state(Sn, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, o_k, mask_v, mask_k,
-                    seed, stream, idx_base, K, RC, CKPT_SR, SHARED, INTERPRET)
+        sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                       mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
+                                       G * K, K, BKC, BV, BR, 0, False)
     else:
-        S0 = load_state_tile(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h,
-                             o_v, o_k, mask_v, mask_k, K, BK, RC)
-        sc0 = tl.sum(S0 * Cv[None, :], axis=1)
-        gtot = tl.sum(Gr, axis=0)
-        w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
-        cc = w * tl.sum(Kr * Cv[None, :], axis=1)
-        y = a * (tl.exp(gtot) * sc0 + tl.sum(Dr * cc[:, None], axis=0)) + u * bc
-    y = _m2_finish(y, xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+        sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                       mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
+                                       G * K, K, BKC, BV, BR, RC, False)
+    y = a * (gam * sc0 + tl.sum(Dr * (w * kcr)[:, None], axis=0)) + u * bc
+    y = y + tl.load(D_ptr + i_h).to(tl.float32) * xv
+    if HAS_Z:
+        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        y = y * zv * tl.sigmoid(zv)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
+    if is_flush:  # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
+        stream = tl.load(folded_ptr + slot) + cur + 1
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r,
+                   Dr * w[:, None], gam, a, u, B_row, 1.0, seed, stream, idx_base,
+                   G * K, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
         if i_h % (H // G) == 0:
-            tl.store(reck_ptr + ((slot * R + cur) * G + i_g) * K + o_k,
-                     Bv.to(reck_ptr.dtype.element_ty), mask=mask_k)
+            tl.store(reck_base + cur * (G * K) + o_k, tl.load(B_row + o_k).to(reck_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -144,7 +144,7 @@ def _block_v(P, block_v):
 
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
-           num_warps=4):
+           block_k=None, num_warps=None):
     """One Mamba-2 decode step of a batch, in place on the pool (record at cursor; flush rows
     fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
@@ -166,14 +166,14 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                             lv.cursor, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
                             lv.rec_g, lv.seed, lv.layer,
                             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
-                            BK=next_pow2(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                            BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
-                            INTERPRET=INTERPRET, num_warps=num_warps)
+                            INTERPRET=INTERPRET, num_warps=num_warps or 4)
     return out
 
 
 def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None,
-                        block_v=None, num_warps=4):
+                        block_v=None, num_warps=None):
     """Conventional Mamba-2 decode: read, update and write state[slots] ([S, H, P, N]) in place."""
     check(isinstance(state, torch.Tensor) and state.dim() == 4,
           "state must be a 4-D tensor [S, H, P, N]")
@@ -191,7 +191,7 @@ def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out
     grid = (triton.cdiv(P, BV), H, Bn)
     _m2_conv_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
                           state, H=H, G=G, K=N, V=P, BV=BV, BK=next_pow2(N), HAS_Z=z is not None,
-                          num_warps=num_warps)
+                          num_warps=num_warps or 4)
     return out
 
 

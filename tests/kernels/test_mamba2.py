@@ -1,0 +1,77 @@
+"""Mamba-2 Triton kernels vs the PyTorch reference (CPU: Triton interpreter)."""
+import pytest
+import torch
+
+from sglang_replayssm.kernels import mamba2 as km2
+from sglang_replayssm.reference import mamba2 as rm2
+
+from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
+from .test_gdn import compare_pools
+
+
+def inputs(g, B, H, G, P, N, z=True, dtype=torch.float32):
+    r = lambda *s: torch.randn(*s, generator=g).to(DEV, dtype)
+    return dict(x=r(B, H, P), dt=r(B, H), B=r(B, G, N), C=r(B, G, N), z=r(B, H, P) if z else None)
+
+
+def params(g, H):
+    return dict(A=-(torch.rand(H, generator=g) + 0.1).to(DEV), D=torch.randn(H, generator=g).to(DEV),
+                dt_bias=(torch.randn(H, generator=g) * 0.3).to(DEV))
+
+
+@pytest.mark.parametrize("read_copy,ckpt,z", [("none", "fp32", True), ("fp8", "fp32", False), ("none", "fp16-sr", True)])
+def test_decode_window_crossing_flushes(read_copy, ckpt, z):
+    g = torch.Generator().manual_seed(11)
+    pk = make_pool("mamba2", read_copy=read_copy, ckpt=ckpt, gen=g)
+    pr = clone_pool(pk)
+    H, P, N = pk.geo.state_shape
+    G = pk.geo.num_k_heads
+    par = params(g, H)
+    slots = torch.tensor([2, 6, 3, 0], dtype=torch.int32, device=DEV)
+    layer = 0
+    flushes = 0
+    for step in range(6):
+        before = snapshot(pk)
+        flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
+        x = inputs(g, 4, H, G, P, N, z=z)
+        yk = km2.decode(pk, layer, slots, **x, **par)
+        yr = rm2.decode(pr, layer, slots, **x, **par)
+        close(yk[:-1], yr[:-1])
+        compare_pools(pk, pr, layer, read_copy, ckpt)
+        assert_untouched(before, pk, slots.tolist())
+        assert torch.equal(pk.ckpt[1], before["ckpt"][1])
+        pk.advance(slots)
+        pr.advance(slots)
+    assert flushes >= 3
+
+
+def test_conventional_decode():
+    g = torch.Generator().manual_seed(12)
+    H, G, P, N = 4, 2, 16, 32
+    state = torch.randn(7, H, P, N, generator=g).to(DEV)
+    before = state.clone()
+    slots = torch.tensor([4, 0, 1], dtype=torch.int32, device=DEV)
+    x = inputs(g, 3, H, G, P, N)
+    par = params(g, H)
+    out = km2.conventional_decode(state, slots, **x, **par)
+    ro, rs = rm2.conventional_step(before[slots.long()], **x, **par)
+    close(out[[0, 2]], ro[[0, 2]])
+    close(state[[4, 1]], rs[[0, 2]])
+    for s in (2, 3, 5, 6):
+        assert torch.equal(state[s], before[s])
+
+
+def test_conventional_mode_pool_dispatches_to_conventional_kernel():
+    g = torch.Generator().manual_seed(13)
+    from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry
+    from .helpers import GEOS
+    pool = ReplayStatePool(SSMGeometry(**GEOS["mamba2"]), 1, 4, ReplayConfig(window=4, mode="conventional"), device=DEV)
+    pool.alloc(4)
+    pool.ckpt.copy_(torch.randn(pool.ckpt.shape, generator=g).to(DEV))
+    pr = clone_pool(pool)
+    H, P, N = pool.geo.state_shape
+    slots = torch.tensor([1, 3], dtype=torch.int32, device=DEV)
+    x = inputs(g, 2, H, 2, P, N)
+    par = params(g, H)
+    close(km2.decode(pool, 0, slots, **x, **par), rm2.decode(pr, 0, slots, **x, **par))
+    close(pool.ckpt, pr.ckpt)
