@@ -93,10 +93,9 @@ def build_model(args: EngineArgs):
         family = args.model_path.split(":", 1)[1] if args.model_path and ":" in args.model_path else "mamba2"
         cfg = embedded_config(family)
         weights = random_weights(cfg, seed=args.seed)
-        # nudge the random model towards printable ASCII (and away from EOS) so its text is readable
-        bias = torch.full((cfg.vocab_size,), -4.0)
+        # the random model only emits printable ASCII (never EOS), so its text is readable
+        bias = torch.full((cfg.vocab_size,), -1e4)
         bias[32:127] = 0.0
-        bias[10] = -1.0
         weights["lm_head_bias"] = bias
         tok = ByteTokenizer(cfg.vocab_size)
     else:
@@ -138,6 +137,7 @@ class Engine:
              "accepted_records", "rollbacks", "draft_tokens", "accepted_draft_tokens"], 0)
         self.last_batch = 0
         self.ring_occupancy = 0.0
+        self._history = deque(maxlen=64)   # (time, generation_tokens) for the throughput gauge
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams, rid: str | None = None) -> Request:
@@ -365,12 +365,22 @@ class Engine:
                        "completion_tokens": len(req.output)})
 
     # ------------------------------------------------------------------ introspection
+    def throughput(self, window_s: float = 10.0) -> float:
+        """Generated tokens per second over the last `window_s` seconds."""
+        now = time.monotonic()
+        self._history.append((now, self.counters["generation_tokens"]))
+        old = [(t, n) for t, n in self._history if now - t <= window_s]
+        if len(old) < 2 or old[-1][0] - old[0][0] <= 0:
+            return 0.0
+        return (old[-1][1] - old[0][1]) / (old[-1][0] - old[0][0])
+
     def stats(self) -> dict:
         total = self.pool.num_slots
         return {**{k: v for k, v in self.counters.items()},
                 "running": len(self.running), "waiting": len(self.waiting), "free_slots": self.pool.num_free,
                 "total_slots": total, "batch_size": self.last_batch, "ring_occupancy": self.ring_occupancy,
                 "pool_usage": (total - self.pool.num_free) / total, "cached_prefixes": [],
+                "gen_throughput": self.throughput(),
                 "time": time.time()}
 
     def info(self) -> dict:

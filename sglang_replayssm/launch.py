@@ -1,0 +1,148 @@
+"""`python -m sglang_replayssm.launch`: serve a hybrid SSM model with ReplaySSM.
+
+    --engine native   the compact engine of sglang_replayssm.native (CPU or GPU); with no --model-path
+                      it serves a small built-in model (byte-level tokenizer) within seconds
+    --engine sglang   SGLang's server with the ReplaySSM plugin (needs sglang and a GPU)
+    --engine auto     sglang when it is importable and CUDA is available, else native (default)
+    --replicas N      N engine replicas on Ray Serve behind a cache- and load-aware router
+                      (--ray-address joins a cluster; every other flag goes to the replicas)
+
+The ReplaySSM flags (--replayssm-*) are shared with the SGLang plugin (sglang_replayssm.flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+from .flags import FlagError, ReplaySSMOptions, add_replayssm_args
+
+ENGINES = ("auto", "native", "sglang")
+
+
+def resolve_engine(engine: str) -> str:
+    if engine != "auto":
+        return engine
+    if importlib.util.find_spec("sglang") is None:
+        return "native"
+    import torch
+
+    return "sglang" if torch.cuda.is_available() else "native"
+
+
+def common_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="auto: sglang when importable and a GPU is present, else native (default)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on (default 30000)")
+    p.add_argument("--replicas", type=int, default=None, help="serve N replicas on Ray Serve")
+    p.add_argument("--ray-address", default=None, help="Ray cluster to join with --replicas (default: start one)")
+    return p
+
+
+def native_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sglang_replayssm.launch", parents=[common_parser()],
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", default=None,
+                   help="HF folder with config.json + *.safetensors (NemotronH / Qwen3-Next / Qwen3.5); "
+                        "default: the built-in model ('embedded:gdn' for its GDN variant)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    p.add_argument("--max-running-requests", type=int, default=None,
+                   help="pool slots = sequences decoded together (default 8 on CPU, 256 on GPU)")
+    p.add_argument("--context-length", type=int, default=2048, help="longest prompt + output (default 2048)")
+    p.add_argument("--chunked-prefill-size", type=int, default=256, help="prefill tokens per request per step")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=0,
+                   help="prompt-lookup draft tokens verified per step (0: no speculative decoding)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's weights")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    add_replayssm_args(p)
+    return p
+
+
+def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
+    """Validated EngineArgs; parser.error (exit 2, names the flag) on a bad value."""
+    import torch
+
+    from .native.engine import EngineArgs
+
+    if not 1 <= ns.port <= 65535:
+        parser.error(f"--port: must be in 1..65535, got {ns.port}")
+    device = ns.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        parser.error(f"--device: not a device: {device!r}")
+    if dev.type not in ("cpu", "cuda"):
+        parser.error(f"--device: must be cpu or cuda[:N], got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device: CUDA requested but torch.cuda.is_available() is False")
+    slots = ns.max_running_requests
+    if slots is None:
+        slots = 256 if dev.type == "cuda" else 8
+    for flag, value, lo in (("--max-running-requests", slots, 1), ("--context-length", ns.context_length, 2),
+                            ("--chunked-prefill-size", ns.chunked_prefill_size, 1),
+                            ("--speculative-num-draft-tokens", ns.speculative_num_draft_tokens, 0)):
+        if value < lo:
+            parser.error(f"{flag}: must be >= {lo}, got {value}")
+    if ns.speculative_num_draft_tokens > 64:
+        parser.error("--speculative-num-draft-tokens: at most 64")
+    try:
+        opts = ReplaySSMOptions.from_args(ns)
+    except FlagError as e:
+        parser.error(str(e))
+    if ns.model_path and not ns.model_path.startswith("embedded"):
+        from pathlib import Path
+
+        if not Path(ns.model_path).is_dir():
+            parser.error(f"--model-path: {ns.model_path} is not a directory")
+        if not (Path(ns.model_path) / "config.json").is_file():
+            parser.error(f"--model-path: {ns.model_path} has no config.json")
+        from .native.config import HybridConfig, ModelConfigError
+
+        try:   # fail fast on a config the engine cannot serve (weights are checked by the engine)
+            HybridConfig.from_file(Path(ns.model_path) / "config.json")
+        except ModelConfigError as e:
+            parser.error(f"--model-path: {e}")
+    elif ns.model_path and ns.model_path not in ("embedded", "embedded:mamba2", "embedded:gdn"):
+        parser.error(f"--model-path: built-in models are 'embedded:mamba2' and 'embedded:gdn', got {ns.model_path!r}")
+    return EngineArgs(model_path=ns.model_path, device=device, dtype=ns.dtype, max_running_requests=slots,
+                      max_model_len=ns.context_length, chunk_size=ns.chunked_prefill_size,
+                      speculative_num_draft_tokens=ns.speculative_num_draft_tokens, replayssm=opts, seed=ns.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = common_parser()
+    common, rest = pre.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        native_parser().print_help()
+        return 0
+    engine = resolve_engine(common.engine)
+    if common.replicas is not None:
+        if common.replicas < 1:
+            pre.error(f"--replicas: must be >= 1, got {common.replicas}")
+        from . import scheduler
+
+        common.engine, common.engine_argv = engine, rest
+        return scheduler.launch_replicas(common) or 0
+    if engine == "sglang":
+        from . import sglang_plugin
+
+        sglang_plugin.launch_server(rest + ["--host", common.host, "--port", str(common.port)])
+        return 0
+    parser = native_parser()
+    ns = parser.parse_args(argv)
+    args = engine_args_from(ns, parser)
+    from .native.server import serve
+
+    serve(args, host=ns.host, port=ns.port, log_level=ns.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The engine loop in its own process, connected to the HTTP front end by pyzmq.
+
+Front end -> engine (PUSH/PULL):  {"type": "add", "rid", "prompt", "params"} | {"type": "abort", "rid"}
+                                  | {"type": "shutdown"}
+Engine -> front end (PUSH/PULL):  {"type": "ready", "info", "stats"} | {"type": "fatal", "error"}
+                                  | {"type": "out", "events": [...], "stats": {...}}
+An event is the engine's output event (engine.Engine._emit), or {"rid", "error", "status"} for a
+request the engine refused. Stats go out with every step and at least twice a second when idle.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import zmq
+
+from .engine import Engine, EngineArgs, RequestError, SamplingParams
+
+IDLE_POLL_MS = 200
+STATS_PERIOD_S = 0.5
+
+
+def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(req_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(out_addr)
+    try:
+        engine = Engine(args)
+    except Exception as e:   # noqa: BLE001 - reported to the launcher, which exits with the message
+        push.send_pyobj({"type": "fatal", "error": f"{type(e).__name__}: {e}"})
+        push.close(linger=2000)
+        return
+    push.send_pyobj({"type": "ready", "info": engine.info(), "stats": engine.stats()})
+    last_stats = 0.0
+    while True:
+        events: list[dict] = []
+        if pull.poll(0 if engine.has_work() else IDLE_POLL_MS):
+            while True:
+                try:
+                    msg = pull.recv_pyobj(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if msg["type"] == "shutdown":
+                    push.close(linger=0)
+                    pull.close(linger=0)
+                    return
+                if msg["type"] == "abort":
+                    engine.abort(msg["rid"])
+                elif msg["type"] == "add":
+                    try:
+                        engine.add_request(msg["prompt"], SamplingParams(**msg["params"]), rid=msg["rid"])
+                    except RequestError as e:
+                        events.append({"rid": msg["rid"], "error": str(e), "status": 400})
+        if engine.has_work():
+            try:
+                events += engine.step()
+            except Exception as e:   # noqa: BLE001 - fail the requests in flight, keep serving
+                traceback.print_exc()
+                for req in list(engine.running) + list(engine.waiting):
+                    events.append({"rid": req.rid, "error": f"engine error: {type(e).__name__}: {e}", "status": 500})
+                    engine.abort(req.rid)
+        now = time.monotonic()
+        if events or now - last_stats > STATS_PERIOD_S:
+            push.send_pyobj({"type": "out", "events": events, "stats": engine.stats()})
+            last_stats = now

@@ -1,0 +1,95 @@
+"""`python -m sglang_replayssm.launch` flag handling and the shared ReplaySSM flags."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_replayssm import launch
+from sglang_replayssm.flags import FlagError, ReplaySSMOptions, add_replayssm_args, split_argv
+
+from .test_server import free_port
+
+
+def parse(argv):
+    parser = launch.native_parser()
+    return launch.engine_args_from(parser.parse_args(argv), parser)
+
+
+def test_defaults_and_flags():
+    a = parse([])
+    assert a.device == "cpu" and a.max_running_requests == 8 and a.model_path is None
+    assert a.replayssm == ReplaySSMOptions()
+    a = parse(["--replayssm-window", "8", "--replayssm-ckpt-precision", "fp16-sr", "--replayssm-read-copy", "fp8",
+               "--no-replayssm-verify", "--speculative-num-draft-tokens", "4", "--max-running-requests", "3",
+               "--model-path", "embedded:gdn"])
+    assert a.replayssm == ReplaySSMOptions(window=8, ckpt_precision="fp16-sr", read_copy="fp8", verify=False)
+    assert a.speculative_num_draft_tokens == 4 and a.max_running_requests == 3 and a.served_name.endswith("gdn")
+    assert parse(["--no-replayssm-decode"]).replayssm.replay_config().mode == "conventional"
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--replayssm-window", "0"], "--replayssm-window"),
+    (["--replayssm-window", "x"], "--replayssm-window"),
+    (["--replayssm-read-copy", "int4"], "--replayssm-read-copy"),
+    (["--replayssm-ckpt-precision", "bf16"], "--replayssm-ckpt-precision"),
+    (["--no-replayssm-decode", "--replayssm-read-copy", "fp8"], "--replayssm-read-copy"),
+    (["--port", "0"], "--port"),
+    (["--port", "http"], "--port"),
+    (["--max-running-requests", "0"], "--max-running-requests"),
+    (["--speculative-num-draft-tokens", "-1"], "--speculative-num-draft-tokens"),
+    (["--device", "tpu"], "--device"),
+    (["--device", "cuda"], "--device"),
+    (["--model-path", "/nonexistent/model"], "--model-path"),
+    (["--model-path", "embedded:rwkv"], "--model-path"),
+    (["--engine", "vllm"], "--engine"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_bad_flags_name_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        launch.main(argv)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_engine_auto_is_native_without_gpu():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: auto may pick sglang")
+    assert launch.resolve_engine("auto") == "native"
+    assert launch.resolve_engine("sglang") == "sglang"
+
+
+def test_shared_flags_module():
+    p = argparse.ArgumentParser()
+    add_replayssm_args(p)
+    o = ReplaySSMOptions.from_args(p.parse_args(["--replayssm-window=4", "--replayssm-read-copy", "nvfp4"]))
+    assert ReplaySSMOptions.parse(o.to_argv()) == o == ReplaySSMOptions.from_env(o.to_env())
+    ours, rest = split_argv(["--model-path", "m", "--replayssm-window", "4", "--no-replayssm-verify", "--tp", "2"])
+    assert ours == ["--replayssm-window", "4", "--no-replayssm-verify"] and rest == ["--model-path", "m", "--tp", "2"]
+    with pytest.raises(FlagError, match="--replayssm-read-copy"):
+        o.check_model(head_k_dim=24)
+    with pytest.raises(FlagError, match="--replayssm-window"):
+        ReplaySSMOptions(window=4096)
+
+
+def test_unservable_model_is_refused_before_start(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"model_type": "nemotron_h", "hybrid_override_pattern": "M*"}')
+    with pytest.raises(SystemExit) as e:
+        launch.main(["--engine", "native", "--model-path", str(tmp_path)])
+    assert e.value.code == 2
+    assert "--model-path" in (err := capsys.readouterr().err) and "missing required key 'num_attention_heads'" in err
+
+
+def test_broken_weights_fail_with_a_clear_message(tmp_path):
+    cfg = dict(model_type="nemotron_h", hybrid_override_pattern="M*", vocab_size=300, hidden_size=64,
+               num_attention_heads=4, intermediate_size=96, mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16,
+               n_groups=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    r = subprocess.run([sys.executable, "-m", "sglang_replayssm.launch", "--engine", "native", "--model-path",
+                        str(tmp_path), "--port", str(free_port())], capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0
+    assert "model.safetensors: cannot read safetensors file" in r.stderr
