@@ -1,0 +1,290 @@
+"""Kimi Delta Attention (KDA) ReplaySSM kernels: GDN with a per-channel (per key column) decay.
+
+Per value head: g = -exp(A_log) softplus(a + dt_bias) in R^K, S' = S Diag(exp(g)),
+d = beta (v - S' k), S_t = S' + d k^T, o = S_t q. With the records (d_j, k_j, g_j) since the
+checkpoint and G = cumulative log-decays: S = S0 Diag(exp(G_c)) + sum_j d_j (k_j * exp(G_c - G_j))^T.
+Records: d [H, Dv], k [Hk, Dk], g [H, Dk]. Decode (non-flush + flush rows in one launch),
+commit fold and the conventional baseline.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import (FOLD_PREC, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fp16_sr,
+                     load_state_chunk, next_pow2, round_e4m3, softplus)
+from . import common
+
+L2_EPS = 1e-6
+
+
+@triton.jit
+def _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
+               H: tl.constexpr, K: tl.constexpr, R: tl.constexpr, RKS: tl.constexpr, HAS_CUR: tl.constexpr):
+    """For one column chunk: record keys with their decay to now (K_r * W) [BR, BKC], the total
+    record decay exp(G_c) [BKC] and the current token's decay alpha [BKC] (1 without a token)."""
+    Gr = tl.load(recg_ptr + ((slot * R + o_r[:, None]) * H + i_h) * K + o_kc[None, :], mask=mask_r[:, None],
+                 other=0.0)
+    gtot = tl.sum(Gr, axis=0)
+    W = tl.where(mask_r[:, None], tl.exp(gtot[None, :] - tl.cumsum(Gr, axis=0)), 0.0)
+    Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+    if HAS_CUR:
+        gc = -tl.exp(alog) * softplus(tl.load(a_row + o_kc).to(tl.float32) + tl.load(dtb_row + o_kc).to(tl.float32))
+    else:
+        gc = tl.zeros_like(gtot)
+    return Kr * W, tl.exp(gtot), tl.exp(gc), gc
+
+
+@triton.jit
+def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, head_rows, o_v, mask_v, recg_ptr, reck_base, slot, i_h, o_r,
+                    mask_r, Dr, a_row, alog, dtb_row, dcur, k_row, rk, seed, stream, idx_base,
+                    H: tl.constexpr, K: tl.constexpr, R: tl.constexpr, RKS: tl.constexpr,
+                    BKC: tl.constexpr, BV: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
+                    SHARED: tl.constexpr, HAS_CUR: tl.constexpr, INTERPRET: tl.constexpr):
+    """S_new = (S0 Diag(exp G) + Dr^T (K_r W)) Diag(alpha) + dcur k^T into ckpt (+ fp8 read copy)."""
+    rows = head_rows + o_v
+    amax = tl.zeros([BV], dtype=tl.float32)
+    for p in tl.static_range(2 if RC == 1 else 1):
+        if p == 1 or RC != 1:
+            sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
+            if RC == 1:
+                tl.store(rs_ptr + rows, sc, mask=mask_v)
+        for c in range(K // BKC):
+            o_kc = c * BKC + tl.arange(0, BKC)
+            KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog,
+                                         dtb_row, H, K, R, RKS, HAS_CUR)
+            S0 = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
+            S = (S0 * gam[None, :] + tl.dot(tl.trans(Dr), KW, input_precision=FOLD_PREC)) * al[None, :]
+            if HAS_CUR:
+                S = S + dcur[:, None] * (tl.load(k_row + o_kc).to(tl.float32) * rk)[None, :]
+            if RC == 1 and p == 0:
+                amax = tl.maximum(amax, tl.max(tl.abs(S), axis=1))
+            else:
+                offs = rows[:, None] * K + o_kc[None, :]
+                if RC == 1:
+                    y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
+                    if INTERPRET:
+                        y = round_e4m3(y)
+                    y8 = y.to(tl.float8e4nv)
+                    tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
+                    if SHARED:
+                        S = y8.to(tl.float32) * sc[:, None]
+                if CKPT_SR:
+                    idx = idx_base + (o_v[:, None] * K + o_kc[None, :]).to(tl.int64)
+                    tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask_v[:, None])
+                else:
+                    tl.store(ckpt_ptr + offs, S.to(ckpt_ptr.dtype.element_ty), mask=mask_v[:, None])
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
+                       slots_ptr, cursor_ptr, folded_ptr,
+                       ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                       scale, seed, layer,
+                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
+                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    is_flush = (cur + 1) >= WINDOW
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BR)
+    mask_v = o_v < V
+    mask_r = o_r < cur
+    q_row = q_ptr + (i_b * HK + i_hk) * K
+    k_row = k_ptr + (i_b * HK + i_hk) * K
+    a_row = a_ptr + (i_b * H + i_h) * K
+    dtb_row = dtb_ptr + i_h * K
+    alog = tl.load(alog_ptr + i_h).to(tl.float32)
+    o_k = tl.arange(0, K)
+    qf = tl.load(q_row + o_k).to(tl.float32)
+    kf = tl.load(k_row + o_k).to(tl.float32)
+    rq = scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS)
+    rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
+    kq = tl.sum(qf * kf, axis=0) * rq * rk
+    beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    sq = tl.zeros([BV], dtype=tl.float32)
+    sk = tl.zeros([BV], dtype=tl.float32)
+    kqr = tl.zeros([BR], dtype=tl.float32)
+    kkr = tl.zeros([BR], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
+                                     H, K, R, HK * K, True)
+        qc = tl.load(q_row + o_kc).to(tl.float32) * rq * al
+        kc = tl.load(k_row + o_kc).to(tl.float32) * rk * al
+        if is_flush:
+            S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
+                                  mask_v, K, 0)
+        else:
+            S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
+                                  mask_v, K, RC)
+        sq += tl.sum(S0 * (gam * qc)[None, :], axis=1)
+        sk += tl.sum(S0 * (gam * kc)[None, :], axis=1)
+        kqr += tl.sum(KW * qc[None, :], axis=1)
+        kkr += tl.sum(KW * kc[None, :], axis=1)
+    sq = sq + tl.sum(Dr * kqr[:, None], axis=0)
+    sk = sk + tl.sum(Dr * kkr[:, None], axis=0)
+    d = beta * (vv - sk)
+    o = sq + d * kq
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    if is_flush:
+        stream = tl.load(folded_ptr + slot) + cur + 1
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, head_rows, o_v, mask_v, recg_ptr, reck_base, slot, i_h, o_r,
+                        mask_r, Dr, a_row, alog, dtb_row, d, k_row, rk, seed, stream, idx_base,
+                        H, K, R, HK * K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+    if i_v == 0:
+        g = -tl.exp(alog) * softplus(tl.load(a_row + o_k).to(tl.float32) + tl.load(dtb_row + o_k).to(tl.float32))
+        tl.store(recg_ptr + ((slot * R + cur) * H + i_h) * K + o_k, g)
+        if i_h % (H // HK) == 0:
+            tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                     recd_ptr, reck_ptr, recg_ptr, seed, layer,
+                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                     RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    cnt = tl.load(counts_ptr + i_b)
+    if cnt > 0:
+        i_hk = i_h // (H // HK)
+        slot = tl.load(slots_ptr + i_b).to(tl.int64)
+        o_v = i_v * BV + tl.arange(0, BV)
+        o_r = tl.arange(0, BR)
+        mask_v = o_v < V
+        mask_r = o_r < cnt
+        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        stream = tl.load(folded_ptr + slot) + cnt
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, (slot * H + i_h) * V, o_v, mask_v, recg_ptr,
+                        reck_ptr + (slot * R * HK + i_hk) * K, slot, i_h, o_r, mask_r, Dr, recg_ptr, 0.0,
+                        recg_ptr, tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
+                        H, K, R, HK * K, BKC, BV, RC, CKPT_SR, SHARED, False, INTERPRET)
+
+
+@triton.jit
+def _kda_conv_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
+                     state_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, BV: tl.constexpr, EPS: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, K)
+    mask_v = o_v < V
+    offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
+    S = tl.load(state_ptr + offs, mask=mask_v[:, None], other=0.0).to(tl.float32)
+    qv = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    kv = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    qv = qv * (scale / tl.sqrt(tl.sum(qv * qv, axis=0) + EPS))
+    kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + EPS)
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(
+        tl.load(a_ptr + (i_b * H + i_h) * K + o_k).to(tl.float32) + tl.load(dtb_ptr + i_h * K + o_k).to(tl.float32))
+    beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
+    S = S * tl.exp(g)[None, :]
+    d = beta * (vv - tl.sum(S * kv[None, :], axis=1))
+    S = S + d[:, None] * kv[None, :]
+    o = tl.sum(S * qv[None, :], axis=1)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(state_ptr + offs, S.to(state_ptr.dtype.element_ty), mask=mask_v[:, None])
+
+
+def _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, device, T=None):
+    lead = (B,) if T is None else (B, T)
+    check_tensor("q", q, shape=lead + (Hk, Dk), device=device)
+    check_tensor("k", k, shape=lead + (Hk, Dk), device=device)
+    check_tensor("v", v, shape=lead + (H, Dv), device=device)
+    check_tensor("a", a, shape=lead + (H, Dk), device=device)
+    check_tensor("b", b, shape=lead + (H,), device=device)
+    check_tensor("A_log", A_log, shape=(H,), device=device)
+    check_tensor("dt_bias", dt_bias, shape=(H, Dk), device=device)
+    check(H % Hk == 0, f"num value heads {H} must be a multiple of num k-heads {Hk}")
+    check(Dk >= 16 and Dk & (Dk - 1) == 0, f"head_k_dim must be a power of 2 >= 16, got {Dk}")
+
+
+def _block_v(Dv, block_v):
+    if block_v is not None:
+        check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
+        return block_v
+    return 16
+
+
+def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
+           block_v=None, block_k=None, num_warps=None):
+    """One KDA decode step of a batch, in place on the pool (record at cursor; flush rows fold).
+    Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype."""
+    if getattr(pool.cfg, "mode", "replay") == "conventional":
+        return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
+                                   block_v=block_v, num_warps=num_warps)
+    lv = LayerViews(pool, layer)
+    check(lv.rc_mode != common.RC_NVFP4, "KDA kernels support read_copy 'none' and 'fp8'")
+    B = check_slots(slots, lv.device, lv.num_slots)
+    H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", out, shape=(B, H, Dv), device=lv.device)
+    if B == 0:
+        return out
+    BV = _block_v(Dv, block_v)
+    rc, rs, rgs = lv.rc_args()
+    grid = (triton.cdiv(Dv, BV), H, B)
+    _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
+                             lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
+                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
+                             BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
+                             INTERPRET=INTERPRET, num_warps=num_warps or 4)
+    return out
+
+
+def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
+                        block_v=None, num_warps=None):
+    """Conventional KDA decode: read, update and write state[slots] ([S, H, Dv, Dk]) in place."""
+    check(isinstance(state, torch.Tensor) and state.dim() == 4, "state must be a 4-D tensor [S, H, Dv, Dk]")
+    check_tensor("state", state, dtype=(torch.float32, torch.float16, torch.bfloat16))
+    _, H, Dv, Dk = state.shape
+    B = check_slots(slots, state.device, state.shape[0])
+    Hk = q.shape[1] if q.dim() == 3 else -1
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, state.device)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", out, shape=(B, H, Dv), device=state.device)
+    if B == 0:
+        return out
+    BV = _block_v(Dv, block_v)
+    grid = (triton.cdiv(Dv, BV), H, B)
+    _kda_conv_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, state, scale,
+                           H=H, HK=Hk, K=Dk, V=Dv, BV=BV, EPS=L2_EPS, num_warps=num_warps or 4)
+    return out
+
+
+def fold(pool, layer, slots, counts, **kw):
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy); counts 0 = no-op."""
+    lv = LayerViews(pool, layer)
+    check(lv.rc_mode != common.RC_NVFP4, "KDA kernels support read_copy 'none' and 'fp8'")
+    common.fold(pool, layer, slots, counts, per_channel=True, **kw)
