@@ -171,18 +171,20 @@ def bytes_state_only(geo, B, rc="none"):
 
 
 # ----------------------------------------------------------------------------- runners
-def run_conventional_ours(geo, B, state, slots, inp, bv):
+def run_conventional_ours(geo, B, state, slots, inp, cfg):
     mod = module(geo)
-    return [lambda: mod.conventional_decode(state, slots, **inp, block_v=bv)] * L
+    bv, _bk, nw = cfg
+    return [lambda: mod.conventional_decode(state, slots, **inp, block_v=bv, num_warps=nw)] * L
 
 
-def run_replay_ours(geo, pool, slots, inp, curs, bv):
+def run_replay_ours(geo, pool, slots, inp, curs, cfg):
     mod = module(geo)
+    bv, bk, nw = cfg
     steps = []
     for s in range(L):
         def f(s=s):
             pool.cursor = curs[s]
-            mod.decode(pool, 0, slots, **inp, block_v=bv)
+            mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw)
         steps.append(f)
     return steps
 
@@ -236,7 +238,7 @@ def run_sglang_replay(geo, B, state, slots, inp, nslots):
     return steps
 
 
-def run_verify_ours(geo, pool, slots, inp_t, T, bv, base):
+def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base):
     """One verify of T chain drafts + the commit fold of rows that reach the window (all drafts
     accepted: the most folds) + the on-device cursor update, per step; L steps per graph."""
     mod = module(geo)
@@ -246,12 +248,14 @@ def run_verify_ours(geo, pool, slots, inp_t, T, bv, base):
     counts = torch.zeros(B, dtype=torch.int32, device=DEV)
     steps = []
 
+    bv, bk, nw = cfg
+
     def f():
-        mod.verify(pool, 0, slots, **inp_t, block_v=bv)
+        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=bk, num_warps=nw)
         c = pool.cursor[slots.long()] + T
         full = c >= L
         counts.copy_(torch.where(full, c, torch.zeros_like(c)))
-        mod.fold(pool, 0, slots, counts, block_v=bv)
+        mod.fold(pool, 0, slots, counts)
         pool.cursor[slots.long()] = torch.where(full, torch.zeros_like(c), c)
 
     def reset():
@@ -357,7 +361,8 @@ def main():
         timed(gpu_checks)
     batches = [int(b) for b in args.batches.split(",")]
     geos = GEOMS if args.geos == "all" else [g for g in GEOMS if g["name"] in args.geos.split(",")]
-    bvs = (32,) if args.quick else (16, 32, 64)
+    rcfgs = [(16, 32, 4)] if args.quick else [(16, 32, 4), (32, 32, 4), (32, 32, 8), (64, 32, 8)]
+    ccfgs = [(16, None, 4)] if args.quick else [(16, None, 4), (32, None, 8), (16, None, 2)]
     for geo in geos:
         if module(geo) is None:
             print("skip", geo["name"], "(no kernel)")
@@ -380,30 +385,31 @@ def main():
             record(geo=name, B=B, kernel="hbm_limit_replay_fp8_state_only", ms=lim["state_only_fp8"], GBps=bw)
             best = {}
             for kind in ("conventional", "replay_fp32", "replay_fp8"):
-                for bv in bvs:
+                for cfg in (ccfgs if kind == "conventional" else rcfgs):
                     if kind == "conventional":
-                        steps = run_conventional_ours(geo, B, state, slots, inp, bv)
+                        steps = run_conventional_ours(geo, B, state, slots, inp, cfg)
                         nb = cb
                     else:
                         p = pool if kind == "replay_fp32" else pool8
-                        steps = run_replay_ours(geo, p, slots, inp, curs, bv)
+                        steps = run_replay_ours(geo, p, slots, inp, curs, cfg)
                         nb = bytes_replay(geo, B, "none" if kind == "replay_fp32" else "fp8")
                     ms = timed(bench_graph, steps, rep)
                     if ms is None:
                         continue
-                    record(geo=name, B=B, kernel=f"ours_{kind}_bv{bv}", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
+                    tag = f"bv{cfg[0]}_bk{cfg[1]}_w{cfg[2]}"
+                    record(geo=name, B=B, kernel=f"ours_{kind}_{tag}", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
                     if kind not in best or ms < best[kind][0]:
-                        best[kind] = (ms, bv, nb)
-            for kind, (ms, bv, nb) in best.items():
-                record(geo=name, B=B, kernel=f"ours_{kind}", ms=ms, GBps=nb / ms / 1e6, bytes=nb, block_v=bv,
+                        best[kind] = (ms, cfg, nb)
+            for kind, (ms, cfg, nb) in best.items():
+                record(geo=name, B=B, kernel=f"ours_{kind}", ms=ms, GBps=nb / ms / 1e6, bytes=nb, config=list(cfg),
                        hbm_limit_ms=nb / bw / 1e6)
             pool.cursor = curs[0]
             pool8.cursor = curs[0]
             # records in bf16 (smaller ring traffic), fp32 state
             if B == 256:
                 pb = make_pool(geo, nslots, record_dtype=torch.bfloat16)
-                bv = best.get("replay_fp32", (0, 32))[1]
-                ms = timed(bench_graph, run_replay_ours(geo, pb, slots, inp, curs, bv), rep)
+                cfg = best.get("replay_fp32", (0, rcfgs[0]))[1]
+                ms = timed(bench_graph, run_replay_ours(geo, pb, slots, inp, curs, cfg), rep)
                 if ms:
                     nb = bytes_replay(geo, B, "none", rb=2)
                     record(geo=name, B=B, kernel="ours_replay_fp32_bf16records", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
@@ -420,11 +426,11 @@ def main():
                     nb = bytes_replay(geo, B, "none")
                     record(geo=name, B=B, kernel="sglang_replayssm", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
             if hasattr(module(geo), "verify") and (B == 256 or geo["name"] == "gdn_qwen35_4b"):
-                bv = best.get("replay_fp32", (0, 32))[1]
+                vcfg = (16, 32, 4)
                 base = torch.randperm(B, device=DEV) % L
                 for T in range(1, 9):
                     inp_t = make_inputs(geo, B, T=T)
-                    steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, bv, base)
+                    steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, vcfg, base)
                     ms = timed(bench_graph, steps, rep)
                     reset()
                     if ms:

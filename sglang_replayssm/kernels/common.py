@@ -147,6 +147,9 @@ class LayerViews:
         self.num_slots = int(self.ckpt.shape[0])
         rc_mode = getattr(cfg, "read_copy", "none")
         self.rc_mode = {"none": RC_NONE, "fp8": RC_FP8, "nvfp4": RC_NVFP4}[rc_mode]
+        if self.rc_mode == RC_NVFP4:
+            raise ValueError("read_copy='nvfp4' is not supported by the Triton kernels yet "
+                             "(use 'none' or 'fp8', or the reference path)")
         self.rc = pool.rc[layer] if self.rc_mode != RC_NONE else None
         self.rc_scale = pool.rc_scale[layer] if self.rc_mode != RC_NONE else None
         self.rc_gscale = pool.rc_gscale[layer] if self.rc_mode == RC_NVFP4 else None
@@ -343,7 +346,7 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
 
 
 def fold(pool, layer: int, slots, counts, per_channel: bool,
-         block_v: int | None = None, num_warps: int = 2) -> None:
+         block_v: int | None = None, num_warps: int = 4) -> None:
     """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place.
 
     slots / counts: int32 tensors [B] on the pool's device, or sequences of ints (as
