@@ -33,6 +33,11 @@ def _slots(indices: torch.Tensor) -> torch.Tensor:
     return indices.to(torch.int32).clamp(min=0)
 
 
+def _c(*ts):
+    """Our kernels take contiguous inputs; SGLang hands out split / expanded views."""
+    return tuple(None if t is None else t.contiguous() for t in ts)
+
+
 def _per_head(t: torch.Tensor | None, H: int, like: torch.Tensor) -> torch.Tensor:
     """SGLang's Mamba-2 mixer expands A / D / dt_bias over (P, N); take one value per head."""
     if t is None:
@@ -61,7 +66,8 @@ def mamba2_selective_state_update(original, state, x, dt, A, B, C, D=None, z=Non
     H = x.shape[-2]
     slots = _slots(state_batch_indices)
     dt_h = dt[..., 0] if dt.dim() == x.dim() else dt  # the mixer expands dt over P
-    A_h, D_h, bias_h = _per_head(A, H, x), _per_head(D, H, x), _per_head(dt_bias, H, x)
+    A_h, D_h, bias_h = _c(_per_head(A, H, x).float(), _per_head(D, H, x).float(), _per_head(dt_bias, H, x).float())
+    x, dt_h, B, C, z = _c(x, dt_h, B, C, z)
     if x.dim() == 3:
         y = family_op("mamba2", "decode", x.device)(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z)
     else:
@@ -84,8 +90,9 @@ def _delta_decode(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     v = v.reshape(Bn, g.num_heads, g.head_v_dim)
     a = a.reshape(Bn, g.num_heads, -1) if family == "kda" else a.reshape(Bn, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
-    o = family_op(family, "decode", v.device)(pool.replay, layer, _slots(cache_indices), q, k, v, a, b.reshape(Bn, g.num_heads),
-                   A_log.reshape(g.num_heads), dt_bias, scale=scale)
+    q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
+    o = family_op(family, "decode", v.device)(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log,
+                                             dt_bias, scale=scale)
     return o.to(v.dtype).reshape(1, Bn, g.num_heads, g.head_v_dim)
 
 
@@ -98,8 +105,9 @@ def _delta_verify(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     v = v.reshape(Bn, T, g.num_heads, g.head_v_dim)
     a = a.reshape(Bn, T, g.num_heads, -1) if family == "kda" else a.reshape(Bn, T, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
-    o = family_op(family, "verify", v.device)(pool.replay, layer, _slots(cache_indices), q, k, v, a, b.reshape(Bn, T, g.num_heads),
-                   A_log.reshape(g.num_heads), dt_bias, scale=scale, parents=pool.verify_parents)
+    q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, T, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
+    o = family_op(family, "verify", v.device)(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log,
+                                             dt_bias, scale=scale, parents=pool.verify_parents)
     return o.to(v.dtype).reshape(1, Bn * T, g.num_heads, g.head_v_dim)
 
 

@@ -92,7 +92,17 @@ def _m2_call(layer_cache, idx, x, dt, Bm, Cm, A, D, dt_bias, out):
                                      state_batch_indices=idx, out=out)
 
 
-def test_mamba2_prefill_decode_verify_commit_match_conventional():
+@pytest.fixture(params=["reference", "kernels"])
+def ops(request, monkeypatch):
+    """Which implementation the hooks call: the PyTorch reference (what runs on CPU), or the Triton
+    kernels (what runs on CUDA), here under TRITON_INTERPRET=1."""
+    from sglang_replayssm.sglang_plugin.ops import OPS_ENV
+
+    monkeypatch.setenv(OPS_ENV, request.param)
+    return request.param
+
+
+def test_mamba2_prefill_decode_verify_commit_match_conventional(ops):
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -193,7 +203,7 @@ def _delta_backend(family, sa, req_pool):
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-def test_delta_decode_verify_tree_commit_match_conventional(family):
+def test_delta_decode_verify_tree_commit_match_conventional(family, ops):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     torch.manual_seed(1)
@@ -261,3 +271,37 @@ def test_delta_decode_verify_tree_commit_match_conventional(family):
         a_ref = a if family == "gdn" else a.reshape(2, H, K)
         y, ref = ref_mod.conventional_step(ref, q, k, v, a_ref, b, A_log, ref_bias)
         torch.testing.assert_close(out[0], y, **TOL)
+
+
+def test_prefill_batch_folds_pending_records_first():
+    """A prefill / mixed batch: SGLang's chunked kernels read the checkpoint as the initial state, so the
+    metadata hook folds the rows' committed records before them (GDN: all rows go through extend)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    torch.manual_seed(2)
+    with replayssm(window=8), sglang_context() as sa:
+        req_pool = make_req_pool("gdn", size=3)
+        pool = req_pool.mamba_pool
+        be = _delta_backend("gdn", sa, req_pool)
+        slots, H = [1, 3], GDN["H"]
+        cache = req_pool.mamba2_layer_cache(0)
+        for _ in range(3):
+            be.init_forward_metadata(_batch(ForwardMode.DECODE, slots, req_pool))
+            q, k, v, a, b = _delta_inputs("gdn", 2)
+            be.kernel_dispatcher.decode(q[None], k[None], v[None], a, b, A_log=torch.zeros(H), dt_bias=torch.zeros(H),
+                                        ssm_states=cache.temporal, cache_indices=be.forward_metadata.mamba_cache_indices,
+                                        query_start_loc=None)
+        pool.settle()
+        assert pool.replay.cursor[slots].tolist() == [3, 3]
+        state = pool.materialize(0, slots)
+        before_ckpt = pool.replay.ckpt[0, slots].clone()
+        fb = _batch(ForwardMode.EXTEND, slots, req_pool)
+        fb.extend_seq_lens = torch.tensor([1, 1], dtype=torch.int32)
+        fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu = [1, 1], [7, 7]
+        fb.extend_prefix_lens = torch.tensor([7, 7], dtype=torch.int32)
+        fb.extend_start_loc = torch.tensor([0, 1], dtype=torch.int32)
+        fb.extend_num_tokens = 2
+        be.init_forward_metadata(fb)
+        assert pool.replay.cursor[slots].tolist() == [0, 0]
+        assert not torch.equal(pool.replay.ckpt[0, slots], before_ckpt)
+        torch.testing.assert_close(pool.replay.ckpt[0, slots], state, **TOL)  # the checkpoint is the full state
