@@ -197,15 +197,16 @@ def delta_forward_extend(original, self, layer, forward_batch, *args, **kwargs):
     return out
 
 
-def _tree_parents(spec_info, bs: int, T: int):
+def _tree_parents(spec_info, bs: int, T: int) -> list[list[int]]:
     """Parent of every draft node (-1: hangs off the committed state) from SGLang's first-child /
-    next-sibling arrays; None for a chain."""
+    next-sibling arrays (a chain when they are absent, as in CUDA-graph capture dummies)."""
     nxt = getattr(spec_info, "retrieve_next_token", None)
     sib = getattr(spec_info, "retrieve_next_sibling", None)
+    chain = list(range(-1, T - 1))
     if nxt is None or sib is None:
-        return None
-    nxt = nxt.reshape(bs, T).tolist()
-    sib = sib.reshape(bs, T).tolist()
+        return [chain] * bs
+    nxt = nxt.reshape(-1, T)[:bs].tolist()
+    sib = sib.reshape(-1, T)[:bs].tolist()
     parents = []
     for row_n, row_s in zip(nxt, sib):
         par = [-1] * T
@@ -215,8 +216,6 @@ def _tree_parents(spec_info, bs: int, T: int):
                 par[c] = i
                 c = row_s[c]
         parents.append(par)
-    if all(p == list(range(-1, T - 1)) for p in parents):
-        return None
     return parents
 
 
@@ -238,8 +237,7 @@ def note_step(backend, forward_batch) -> None:
         slots = [int(s) for s in idx[:bs].tolist()]
         parents = _tree_parents(spec, bs, T) if (getattr(backend, "topk", 0) or 0) > 1 else None
         pool.begin_verify(slots, T, parents)
-        pool.verify_parents = (None if parents is None
-                               else torch.tensor(parents, dtype=torch.int32, device=idx.device))
+        pool.set_verify_parents(parents)
     elif mode.is_decode():
         pool.note_decode(idx[: int(forward_batch.batch_size)])
     elif mode.is_extend():

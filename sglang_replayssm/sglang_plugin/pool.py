@@ -99,6 +99,7 @@ class ReplayMambaPool(_SGLangMambaPool):
     replay: ReplayStatePool | None = None
     verify_parents: torch.Tensor | None = None  # [B, T] tree parents of the open verify (None: chain)
     last_metadata = None  # the backend metadata object whose step was last noted
+    _parents_buf: torch.Tensor | None = None
 
     def __init__(self, *, size, spec_state_size, cache_params, mamba_layer_ids, device,
                  enable_memory_saver=False, speculative_num_draft_tokens=None, speculative_eagle_topk=None,
@@ -232,6 +233,20 @@ class ReplayMambaPool(_SGLangMambaPool):
                 self.replay._pending.pop(s, None)
         rows = [i for i, s in enumerate(slots) if s > 0]
         self.replay.begin_verify(live, num_drafts, None if parents is None else [parents[i] for i in rows])
+
+    def set_verify_parents(self, parents) -> None:
+        """Tree parents of the open verify (None: chain). Kept in one persistent buffer, so a verify
+        captured in a CUDA graph reads this step's tree on replay."""
+        if parents is None:
+            self.verify_parents = None
+            return
+        bs, T = len(parents), len(parents[0])
+        buf = self._parents_buf
+        if buf is None or buf.shape[0] < bs or buf.shape[1] != T:
+            buf = self._parents_buf = torch.full((max(bs, self.size + 1), T), -1, dtype=torch.int32,
+                                                 device=self.replay.device)
+        buf[:bs].copy_(torch.tensor(parents, dtype=torch.int32), non_blocking=True)
+        self.verify_parents = buf[:bs]
 
     def commit(self, slots: list[int], accepted: list[int], paths=None) -> None:
         keep = [i for i, s in enumerate(slots) if s > 0 and self.replay.pending(s)]

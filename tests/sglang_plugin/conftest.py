@@ -6,6 +6,7 @@ import contextlib
 import os
 from types import SimpleNamespace
 
+import prometheus_client  # noqa: F401  (pick the in-process value class before any test sets PROMETHEUS_MULTIPROC_DIR)
 import pytest
 import torch
 
@@ -59,22 +60,36 @@ KDA = dict(H=2, D=16)
 
 
 def cache_params(family: str, layers=(0, 2), conv_dtype=torch.float32, ssm_dtype=torch.float32):
-    from sglang.srt.configs.mamba_utils import (KimiLinearCacheParams, KimiLinearStateShape, Mamba2CacheParams,
-                                                Mamba2StateDType, Mamba2StateShape)
+    """SGLang's linear-state cache params of a tiny model, from SGLang's own config classes where they
+    build on CPU (NemotronHConfig, Qwen3NextConfig); KDA from KimiLinearStateShape directly."""
+    import dataclasses
+
+    from sglang.srt.configs import NemotronHConfig, Qwen3NextConfig
+    from sglang.srt.configs.mamba_utils import KimiLinearCacheParams, KimiLinearStateShape, Mamba2StateDType
+    from sglang.srt.runtime_context import get_context
 
     dtype = Mamba2StateDType(conv=conv_dtype, temporal=ssm_dtype)
+    n = max(layers) + 2
+    common = dict(hidden_size=32, num_hidden_layers=n, num_attention_heads=2, num_key_value_heads=1,
+                  vocab_size=64, intermediate_size=64)
     if family == "mamba2":
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=M2["H"] * M2["P"], n_groups=M2["G"],
-                                        num_heads=M2["H"], head_dim=M2["P"], state_size=M2["N"], conv_kernel=4)
-        return Mamba2CacheParams(shape=shape, layers=list(layers), dtype=dtype)
-    if family == "gdn":
-        kd, vd = GDN["Hk"] * GDN["K"], GDN["H"] * GDN["V"]
-        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=vd, n_groups=GDN["Hk"], num_heads=GDN["H"],
-                                        head_dim=GDN["V"], state_size=GDN["K"], conv_kernel=4,
-                                        conv_shard_groups=[kd, kd, vd])
-        return Mamba2CacheParams(shape=shape, layers=list(layers), dtype=dtype)
-    shape = KimiLinearStateShape.create(tp_world_size=1, num_heads=KDA["H"], head_dim=KDA["D"], conv_kernel_size=4)
-    return KimiLinearCacheParams(shape=shape, layers=list(layers), dtype=dtype)
+        pattern = "".join("M" if i in layers else "*" for i in range(n))
+        cfg = NemotronHConfig(hybrid_override_pattern=pattern, mamba_num_heads=M2["H"], mamba_head_dim=M2["P"],
+                              ssm_state_size=M2["N"], n_groups=M2["G"], conv_kernel=4, expand=1, **common)
+    elif family == "gdn":
+        assert all(i % 2 == 0 for i in layers), "Qwen3-Next-like: every second layer is full attention"
+        cfg = Qwen3NextConfig(full_attention_interval=2, linear_num_key_heads=GDN["Hk"],
+                              linear_num_value_heads=GDN["H"], linear_key_head_dim=GDN["K"],
+                              linear_value_head_dim=GDN["V"], linear_conv_kernel_dim=4, head_dim=16, **common)
+    else:
+        shape = KimiLinearStateShape.create(tp_world_size=1, num_heads=KDA["H"], head_dim=KDA["D"],
+                                            conv_kernel_size=4)
+        return KimiLinearCacheParams(shape=shape, layers=list(layers), dtype=dtype)
+    with get_context().override_server_args(attention_backend="triton"):
+        cp = cfg.mamba2_cache_params
+    cp = dataclasses.replace(cp, dtype=dtype, layers=[i for i in cp.layers if i in layers])
+    assert cp.layers == list(layers), cp.layers
+    return cp
 
 
 def make_req_pool(family: str, *, size=4, drafts=None, layers=(0, 2), **kw):

@@ -40,6 +40,12 @@ def _batch(mode, slots, req_pool, spec_info=None, tokens_per_row=1):
                         positions=torch.zeros(n, dtype=torch.int64), spec_info=spec_info)
 
 
+def _metric(name):
+    from sglang_replayssm.sglang_plugin import metrics
+
+    return metrics.metrics()[name]._value.get()
+
+
 def _commit(req_pool, slots, accepted_paths, T):
     """SGLang's commit entry point, as the EAGLE worker calls it."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -163,7 +169,10 @@ def test_mamba2_prefill_decode_verify_commit_match_conventional(ops):
         windows = pool.mamba_cache.intermediate_conv_window[0]
         windows.copy_(torch.randn_like(windows))
         accepted = [[0, 1], [0, 1, 2]]
+        counts = {n: _metric(n) for n in ("replayssm:accepted_records_total", "replayssm:rollbacks_total")}
         _commit(req_pool, slots, accepted, T)
+        assert _metric("replayssm:accepted_records_total") - counts["replayssm:accepted_records_total"] == 5
+        assert _metric("replayssm:rollbacks_total") - counts["replayssm:rollbacks_total"] == 1
         ref = torch.stack([states[1][0], states[2][1]])
         torch.testing.assert_close(pool.materialize(layer, slots), ref, **TOL)
         conv = pool.mamba_cache.conv[0]

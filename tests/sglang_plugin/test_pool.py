@@ -22,14 +22,14 @@ def test_pool_replaces_sglang_state_and_skips_snapshots(family, shape):
 
     assert HybridReqToTokenPool.mamba_pool_cls is ReplayMambaPool
     with replayssm(window=8, read_copy="fp8"):
-        req_pool = make_req_pool(family, size=5, drafts=4, layers=(1, 3, 5))
+        req_pool = make_req_pool(family, size=5, drafts=4, layers=(0, 2, 4))
     pool = req_pool.mamba_pool
     assert type(pool) is ReplayMambaPool and pool.replay is not None
     assert pool.family == family
     ckpt = pool.replay.ckpt
     assert ckpt.shape == (3, 6, *shape) and ckpt.dtype == torch.float32
     assert pool.mamba_cache.temporal is ckpt  # SGLang's prefill kernels write the checkpoint directly
-    assert req_pool.mamba2_layer_cache(5).temporal.data_ptr() == ckpt[2].data_ptr()
+    assert req_pool.mamba2_layer_cache(4).temporal.data_ptr() == ckpt[2].data_ptr()
     assert pool.replay.rc.dtype == torch.float8_e4m3fn
     assert pool.replay.rec_d.shape[2] == 8 + 4  # ring = window + drafts
     # no per-draft SSM snapshots (SGLang's intermediate_ssm), but SGLang's conv windows are kept
