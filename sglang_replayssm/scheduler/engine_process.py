@@ -1,0 +1,124 @@
+"""Start one engine (native or SGLang) as a child process on 127.0.0.1 and a free port.
+
+The engine is whatever `python -m sglang_replayssm.launch --engine ENGINE --host 127.0.0.1
+--port P [engine args]` starts; this module only knows its HTTP surface (GET /health,
+GET /v1/replayssm/load, GET /metrics, the OpenAI routes). The engine runs under a small guard
+process (`engine_guard.py`, its own process group) that kills the whole group as soon as the parent
+(the Ray replica) is gone, so a killed replica never leaves an orphan engine behind.
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import List, Optional, Sequence
+
+ENGINES = ("native", "sglang")
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def engine_command(engine: str, port: int, engine_argv: Sequence[str], host: str = "127.0.0.1") -> List[str]:
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
+    for flag in ("--host", "--port", "--engine", "--replicas", "--ray-address"):
+        if any(a == flag or a.startswith(flag + "=") for a in engine_argv):
+            raise ValueError(f"engine arguments must not contain {flag} (the replica sets it)")
+    return [sys.executable, "-m", "sglang_replayssm.launch", "--engine", engine,
+            "--host", host, "--port", str(port), *engine_argv]
+
+
+class EngineProcess:
+    """One engine child process; `url` is its base URL once `start()` returned."""
+
+    def __init__(self, engine: str, engine_argv: Sequence[str], startup_timeout_s: float = 600.0,
+                 log_path: Optional[str] = None, env: Optional[dict] = None):
+        self.engine = engine
+        self.engine_argv = list(engine_argv)
+        self.startup_timeout_s = startup_timeout_s
+        self.log_path = log_path
+        self.env = env
+        self.port: Optional[int] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "EngineProcess":
+        self.port = free_port()
+        cmd = engine_command(self.engine, self.port, self.engine_argv)
+        if self.log_path:
+            self._log = open(self.log_path, "ab")
+        out = self._log if self._log is not None else subprocess.DEVNULL
+        guard = [sys.executable, "-m", "sglang_replayssm.scheduler.engine_guard", str(os.getpid()), "--", *cmd]
+        self.proc = subprocess.Popen(guard, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, env=self.env)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineStartError(
+                    f"engine exited with code {code} before becoming healthy: {' '.join(cmd)}"
+                    + (f" (log: {self.log_path}; last lines:\n{self._tail()})" if self.log_path else ""))
+            if self.healthy(timeout=2.0):
+                return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EngineStartError(f"engine not healthy after {self.startup_timeout_s:.0f}s: {' '.join(cmd)}")
+            time.sleep(0.2)
+
+    def _tail(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        if not self.alive():
+            return False
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=timeout) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    self.proc.kill()
+                self.proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None

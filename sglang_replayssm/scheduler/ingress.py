@@ -1,0 +1,368 @@
+"""The OpenAI-compatible ingress: routing, streaming pass-through, retries with stream resume.
+
+Routes: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,
+GET /health, GET /metrics. Every request is streamed from the chosen engine replica (non-streaming
+clients get the chunks assembled), which gives one code path for metrics and failure handling:
+
+* the replica is picked by the ReplaySSM request router (request_router.py, policy.py) from the
+  payload's `route_key` (the prompt text);
+* when the replica dies or its engine stream is cut, the request is re-sent to another replica
+  (the failed ones are excluded) *resuming from the text already delivered*: prompt + generated
+  text (chat: the partial answer as a final assistant message with `continue_final_message`),
+  max_tokens reduced by the tokens already sent. The client sees one stream: same id, every token
+  once, and `data: [DONE]` only after a complete answer (an `error` event otherwise).
+"""
+
+import asyncio
+import copy
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from ray.serve.exceptions import RequestCancelledError
+
+from .metrics import RouterMetrics
+from .policy import PolicyConfig
+from . import state as _state  # module reference: Serve pickles the ingress class by value
+
+app = FastAPI(title="sglang-replayssm router")
+
+
+class _ClientError(Exception):
+    def __init__(self, status: int, body: str):
+        super().__init__(body)
+        self.status = status
+        self.body = body
+
+
+def routing_key(kind: str, body: Dict[str, Any]) -> str:
+    """The text the prefix tree is keyed by: the prompt, or the rendered chat messages."""
+    if kind == "completions":
+        p = body.get("prompt", "")
+        if isinstance(p, list):
+            if len(p) == 1 and isinstance(p[0], str):
+                p = p[0]
+            elif all(isinstance(t, int) for t in p):
+                return "".join(f"{t}," for t in p)
+            else:
+                return ""
+        return p if isinstance(p, str) else ""
+    parts = []
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict):
+            continue
+        parts.append(f"<|{m.get('role', '')}|>{_content_text(m.get('content'))}")
+    return "".join(parts) + "<|assistant|>"
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _delta_text(kind: str, chunk: Dict[str, Any]) -> Tuple[str, Optional[str]]:
+    text, finish = "", None
+    for c in chunk.get("choices") or ():
+        if kind == "completions":
+            text += c.get("text") or ""
+        else:
+            text += (c.get("delta") or {}).get("content") or ""
+        if c.get("finish_reason"):
+            finish = c["finish_reason"]
+    return text, finish
+
+
+def _max_tokens(kind: str, body: Dict[str, Any]) -> Optional[int]:
+    for k in ("max_tokens", "max_completion_tokens"):
+        if body.get(k) is not None:
+            return int(body[k])
+    return None
+
+
+def _attempt_body(kind: str, body: Dict[str, Any], sent_text: str, sent_tokens: int) -> Dict[str, Any]:
+    b = copy.deepcopy(body)
+    b["stream"] = True
+    # continuous_usage_stats (SGLang, vLLM): usage in every chunk, so a resume knows the exact number
+    # of tokens already sent even when one chunk carries several (speculative decoding); engines
+    # without it send one token per chunk and are counted chunk by chunk.
+    b["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    b.pop("n", None)
+    if sent_tokens == 0 and not sent_text:
+        return b
+    mt = _max_tokens(kind, body)
+    if mt is not None:
+        key = "max_completion_tokens" if body.get("max_tokens") is None and "max_completion_tokens" in body else "max_tokens"
+        b[key] = mt - sent_tokens
+    if kind == "completions":
+        b["prompt"] = body["prompt"] + sent_text
+    else:
+        b["messages"] = list(body["messages"]) + [{"role": "assistant", "content": sent_text}]
+        b["continue_final_message"] = True
+        b["add_generation_prompt"] = False
+    return b
+
+
+@serve.ingress(app)
+class RouterIngress:
+    def __init__(self, engine_handle, policy: Optional[Dict[str, Any]] = None, max_retries: int = 3):
+        _state.STATE.configure(PolicyConfig(**(policy or {})))
+        self.engine = engine_handle.options(stream=True)
+        self.engine_unary = engine_handle.options(stream=False)
+        self.max_retries = max_retries
+        self.metrics = RouterMetrics(_state.STATE)
+
+    # -- simple routes ----------------------------------------------------------------------
+    @app.get("/health")
+    async def health(self):
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_route(self):
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(self):
+        return await self.engine_unary.models.remote()
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._serve("completions", request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(self, request: Request):
+        return await self._serve("chat", request)
+
+    # -- the request path ---------------------------------------------------------------------
+    async def _serve(self, kind: str, request: Request):
+        endpoint = "completions" if kind == "completions" else "chat"
+        try:
+            body = await request.json()
+        except (ValueError, json.JSONDecodeError):
+            return self._client_error(endpoint, 400, "request body is not valid JSON")
+        err = self._validate(kind, body)
+        if err:
+            return self._client_error(endpoint, 400, err)
+        route_info: Dict[str, Any] = {}
+        events = self._events(kind, body, route_info)
+        try:
+            first = await events.__anext__()
+        except _ClientError as e:
+            self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
+            return Response(e.body, status_code=e.status, media_type="application/json")
+        except StopAsyncIteration:
+            first = None
+        except Exception as e:
+            self.metrics.requests.labels(endpoint=endpoint, outcome="error").inc()
+            return JSONResponse({"error": {"message": str(e), "type": "server_error"}}, status_code=502)
+        if body.get("stream"):
+            headers = {"x-replayssm-replica": str(route_info.get("replica")),
+                       "x-replayssm-route": str(route_info.get("route"))}
+            return StreamingResponse(self._sse(kind, body, first, events), media_type="text/event-stream",
+                                     headers=headers)
+        return await self._collect(kind, body, first, events)
+
+    def _client_error(self, endpoint: str, status: int, message: str):
+        self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+
+    @staticmethod
+    def _validate(kind: str, body: Any) -> Optional[str]:
+        if not isinstance(body, dict):
+            return "request body must be a JSON object"
+        if kind == "completions" and "prompt" not in body:
+            return "'prompt' is required"
+        if kind == "chat" and not isinstance(body.get("messages"), list):
+            return "'messages' must be a list"
+        if body.get("n", 1) not in (1, None):
+            return "'n' must be 1 (the router streams one choice per request)"
+        mt = _max_tokens(kind, body)
+        if mt is not None and mt < 1:
+            return "'max_tokens' must be >= 1"
+        return None
+
+    async def _events(self, kind: str, body: Dict[str, Any], route_info: Dict[str, Any]) -> AsyncIterator[Tuple[str, Any]]:
+        """Yield ('chunk', rewritten_chunk) ... ('end', info); raise _ClientError for a 4xx answer.
+
+        route_info gets the first replica and routing decision as soon as they are known."""
+        start = time.monotonic()
+        route_key = routing_key(kind, body)
+        route_id = uuid.uuid4().hex
+        sent_text, sent_tokens = "", 0
+        exclude: List[str] = []
+        replicas: List[str] = []
+        decision = None
+        stream_id = created = None
+        last_tok = None
+        retries = 0
+        finish = None
+        usage = None
+        model = body.get("model")
+        max_tokens = _max_tokens(kind, body)
+        self.metrics.inflight.inc()
+        try:
+            while True:
+                if max_tokens is not None and sent_tokens >= max_tokens:
+                    finish = finish or "length"
+                    break
+                payload = {"path": "/v1/completions" if kind == "completions" else "/v1/chat/completions",
+                           "body": _attempt_body(kind, body, sent_text, sent_tokens),
+                           "route_key": route_key, "route_id": route_id, "exclude": list(exclude)}
+                replica = None
+                attempt_tokens = 0
+                finished = False
+                try:
+                    gen = self.engine.generate.remote(payload)
+                    async for ev in gen:
+                        typ = ev["type"]
+                        if typ == "meta":
+                            replica = ev["replica"]
+                            replicas.append(replica)
+                            choice, _ = _state.STATE.pop_route(route_id)
+                            if choice is not None:
+                                self.metrics.decisions.labels(decision=choice.decision).inc()
+                                if decision is None:
+                                    decision = choice.decision
+                            route_info.setdefault("replica", replica)
+                            route_info.setdefault("route", decision)
+                            _state.STATE.served(route_key, replica)
+                        elif typ == "error":
+                            if ev["status"] < 500 and sent_tokens == 0:
+                                raise _ClientError(ev["status"], ev["body"])
+                            raise RuntimeError(f"engine error {ev['status']}: {ev['body'][:200]}")
+                        elif typ == "chunk":
+                            chunk = ev["data"]
+                            if "error" in chunk and not chunk.get("choices"):
+                                raise RuntimeError(f"engine stream error: {chunk['error']}")
+                            text, fin = _delta_text(kind, chunk)
+                            if chunk.get("usage") and not chunk.get("choices"):
+                                usage = chunk["usage"]
+                                continue
+                            chunk_usage = chunk.pop("usage", None)
+                            if stream_id is None:
+                                stream_id, created = chunk.get("id"), chunk.get("created")
+                                model = chunk.get("model")
+                            chunk["id"], chunk["created"] = stream_id, created
+                            if not text and not fin and (sent_tokens > 0 or attempt_tokens > 0 or retries):
+                                continue  # role-only / empty chunk of a resumed attempt
+                            if text:
+                                now = time.monotonic()
+                                if last_tok is None:
+                                    self.metrics.ttft.observe(now - start)
+                                else:
+                                    self.metrics.itl.observe(now - last_tok)
+                                last_tok = now
+                                sent_text += text
+                                n = 1
+                                if isinstance(chunk_usage, dict) and chunk_usage.get("completion_tokens"):
+                                    n = max(1, int(chunk_usage["completion_tokens"]) - attempt_tokens)
+                                sent_tokens += n
+                                attempt_tokens += n
+                                self.metrics.tokens.inc(n)
+                            if fin:
+                                finish = fin
+                            yield "chunk", chunk
+                        elif typ == "done":
+                            finished = True
+                    if not finished:
+                        raise RuntimeError("replica stream ended without an end marker")
+                    break
+                except _ClientError:
+                    raise
+                except (asyncio.CancelledError, GeneratorExit, RequestCancelledError):
+                    raise  # the client went away: nothing to retry
+                except Exception as e:  # replica died / engine cut the stream: go elsewhere
+                    retries += 1
+                    kind_label = "stream_resume" if sent_tokens else "restart"
+                    self.metrics.retries.labels(kind=kind_label).inc()
+                    if replica is not None:
+                        exclude.append(replica)
+                    if retries > self.max_retries:
+                        raise RuntimeError(f"request failed after {retries} attempts: {e}") from e
+                    usage = None
+                    await asyncio.sleep(min(0.05 * retries, 0.5))
+            if replicas:
+                _state.STATE.served(route_key + sent_text if kind == "completions"
+                             else route_key + sent_text + "<|end|>", replicas[-1])
+            if usage is not None and retries:
+                usage = dict(usage)
+                before = sent_tokens - (usage.get("completion_tokens") or 0)
+                usage["completion_tokens"] = sent_tokens
+                usage["prompt_tokens"] = max(0, (usage.get("prompt_tokens") or 0) - before)
+                usage["total_tokens"] = usage["prompt_tokens"] + sent_tokens
+            self.metrics.e2e.observe(time.monotonic() - start)
+            yield "end", {"id": stream_id or f"cmpl-{route_id}", "created": created or int(time.time()),
+                          "text": sent_text, "tokens": sent_tokens, "finish_reason": finish or "stop",
+                          "usage": usage, "model": model, "replicas": replicas, "decision": decision, "retries": retries}
+        finally:
+            self.metrics.inflight.dec()
+
+    async def _sse(self, kind, body, first, events) -> AsyncIterator[bytes]:
+        endpoint = "completions" if kind == "completions" else "chat"
+        want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        model = body.get("model")
+        outcome = "error"
+        try:
+            ev = first
+            while ev is not None:
+                typ, data = ev
+                if typ == "chunk":
+                    yield b"data: " + json.dumps(data).encode() + b"\n\n"
+                elif typ == "end":
+                    info = data
+                    if want_usage and info["usage"] is not None:
+                        u = {"id": info["id"], "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                             "created": info["created"], "model": info["model"], "choices": [], "usage": info["usage"]}
+                        yield b"data: " + json.dumps(u).encode() + b"\n\n"
+                    meta = {"replicas": info["replicas"], "route": info["decision"], "retries": info["retries"]}
+                    yield b": replayssm " + json.dumps(meta).encode() + b"\n\n"  # SSE comment: ignored by clients
+                    yield b"data: [DONE]\n\n"
+                    outcome = "ok"
+                try:
+                    ev = await events.__anext__()
+                except StopAsyncIteration:
+                    ev = None
+        except (asyncio.CancelledError, GeneratorExit, RequestCancelledError):
+            outcome = "cancelled"
+            raise
+        except Exception as e:
+            err = {"error": {"message": str(e), "type": "server_error"}}
+            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        finally:
+            self.metrics.requests.labels(endpoint=endpoint, outcome=outcome).inc()
+
+    async def _collect(self, kind, body, first, events):
+        endpoint = "completions" if kind == "completions" else "chat"
+        info = None
+        ev = first
+        try:
+            while ev is not None:
+                if ev[0] == "end":
+                    info = ev[1]
+                try:
+                    ev = await events.__anext__()
+                except StopAsyncIteration:
+                    ev = None
+        except Exception as e:
+            self.metrics.requests.labels(endpoint=endpoint, outcome="error").inc()
+            return JSONResponse({"error": {"message": str(e), "type": "server_error"}}, status_code=502)
+        self.metrics.requests.labels(endpoint=endpoint, outcome="ok").inc()
+        meta = {"replica": info["replicas"][-1] if info["replicas"] else None,
+                "replicas": info["replicas"], "route": info["decision"], "retries": info["retries"]}
+        usage = info["usage"] or {"prompt_tokens": None, "completion_tokens": info["tokens"],
+                                  "total_tokens": None}
+        if kind == "completions":
+            choice = {"index": 0, "text": info["text"], "logprobs": None, "finish_reason": info["finish_reason"]}
+            obj = "text_completion"
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": info["text"]},
+                      "finish_reason": info["finish_reason"]}
+            obj = "chat.completion"
+        return {"id": info["id"], "object": obj, "created": info["created"], "model": info["model"],
+                "choices": [choice], "usage": usage, "replayssm": meta}

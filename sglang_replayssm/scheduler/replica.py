@@ -1,0 +1,188 @@
+"""The engine replica: a Ray Serve deployment whose every replica owns one engine process.
+
+Engine-agnostic: the replica starts `python -m sglang_replayssm.launch --engine {native,sglang}
+--host 127.0.0.1 --port P [engine args]` (engine_process.py), waits for GET /health, then
+
+* `generate(payload)`   streams one OpenAI request through the engine: first a `meta` event naming
+                        the replica, then one `chunk` event per SSE data object, then `done`; an
+                        engine 4xx/5xx answer becomes an `error` event; a cut stream raises.
+* `record_routing_stats` (called by Serve every stats period) returns the engine's GET
+                        /v1/replayssm/load JSON (running, waiting,
+                        free_slots, total_slots, batch_size, cached_prefixes) plus the engine's
+                        `replayssm:` / `sglang:` Prometheus samples, fetched on each call.
+* `check_health`        fails when the engine process died or stops answering /health, so Serve
+                        replaces the replica (and the engine with it).
+
+Replica-side metrics go through `ray.serve.metrics` (exported on Ray's metrics port).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+import httpx
+from ray import serve
+from ray.serve import metrics as serve_metrics
+
+from .engine_process import EngineProcess
+
+LOAD_FIELDS = ("running", "waiting", "free_slots", "total_slots", "batch_size")
+ENGINE_METRIC_PREFIXES = ("replayssm:", "replayssm_", "sglang:")
+
+
+class EngineStreamCut(RuntimeError):
+    """The engine closed a stream without its end marker (it died or was killed)."""
+
+
+class EngineReplica:
+    def __init__(self, engine: str = "native", engine_argv: Optional[List[str]] = None,
+                 startup_timeout_s: float = 600.0, log_dir: Optional[str] = None):
+        ctx = serve.get_replica_context()
+        self.replica_id = ctx.replica_id.unique_id
+        log_path = None
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            log_path = os.path.join(log_dir, f"engine-{self.replica_id}.log")
+        self.engine = EngineProcess(engine, engine_argv or [], startup_timeout_s, log_path).start()
+        self._client: Optional[httpx.AsyncClient] = None
+        self._load: Dict[str, Any] = {}
+        self._engine_samples: List[list] = []
+        self._seq = 0
+        self._inflight = 0
+        self._m_requests = serve_metrics.Counter(
+            "replayssm_replica_requests", description="requests finished by this replica",
+            tag_keys=("outcome",))
+        self._m_tokens = serve_metrics.Counter(
+            "replayssm_replica_generated_tokens", description="tokens streamed by this replica")
+        self._m_load = {f: serve_metrics.Gauge(f"replayssm_replica_engine_{f}",
+                                               description=f"engine-reported {f}") for f in LOAD_FIELDS}
+        self._m_inflight = serve_metrics.Gauge(
+            "replayssm_replica_inflight", description="requests being served by this replica")
+        self._m_engine_up = serve_metrics.Gauge(
+            "replayssm_replica_engine_up", description="1 while the engine process answers /health")
+        self._m_engine_up.set(1)
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                base_url=self.engine.url, timeout=httpx.Timeout(None, connect=10.0),
+                limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+        return self._client
+
+    async def _poll_engine(self) -> None:
+        """Refresh the engine's load report and its Prometheus samples."""
+        client = self._http()
+        load: Dict[str, Any] = {}
+        try:
+            r = await client.get("/v1/replayssm/load", timeout=5.0)
+            if r.status_code == 200:
+                load = r.json()
+        except (httpx.HTTPError, ValueError):
+            load = {}
+        if not load:  # engine without the load endpoint: fall back to what this replica sees
+            load = {"running": self._inflight, "waiting": 0}
+        self._load = load
+        for f in LOAD_FIELDS:
+            v = load.get(f)
+            if isinstance(v, (int, float)):
+                self._m_load[f].set(v)
+        self._m_inflight.set(self._inflight)
+        try:
+            r = await client.get("/metrics", timeout=5.0)
+            if r.status_code == 200:
+                self._engine_samples = parse_engine_metrics(r.text)
+        except (httpx.HTTPError, ValueError):
+            pass
+        self._seq += 1
+
+    # -- Serve hooks ------------------------------------------------------------------------
+    async def record_routing_stats(self) -> Dict[str, Any]:
+        """Called by the Serve controller every request_routing_stats_period_s."""
+        await self._poll_engine()
+        stats = dict(self._load)
+        stats["replica"] = self.replica_id
+        stats["inflight"] = self._inflight
+        stats["seq"] = self._seq
+        stats["engine_metrics"] = self._engine_samples
+        stats["time"] = time.time()
+        return stats
+
+    async def check_health(self):
+        if not self.engine.alive():
+            self._m_engine_up.set(0)
+            raise RuntimeError(f"engine process of replica {self.replica_id} exited")
+        try:
+            r = await self._http().get("/health", timeout=10.0)
+            ok = r.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        self._m_engine_up.set(1 if ok else 0)
+        if not ok:
+            raise RuntimeError(f"engine of replica {self.replica_id} does not answer /health")
+
+    async def models(self) -> Dict[str, Any]:
+        r = await self._http().get("/v1/models", timeout=30.0)
+        r.raise_for_status()
+        return r.json()
+
+    async def generate(self, payload: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
+        """Stream one OpenAI request (payload: path, body) through the engine."""
+        client = self._http()
+        yield {"type": "meta", "replica": self.replica_id}
+        self._inflight += 1
+        outcome = "cut"
+        try:
+            async with client.stream("POST", payload["path"], json=payload["body"]) as resp:
+                if resp.status_code != 200:
+                    body = (await resp.aread()).decode("utf-8", "replace")
+                    outcome = "error"
+                    yield {"type": "error", "status": resp.status_code, "body": body}
+                    return
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        outcome = "ok"
+                        yield {"type": "done"}
+                        return
+                    chunk = json.loads(data)
+                    if _chunk_text(chunk):
+                        self._m_tokens.inc()
+                    yield {"type": "chunk", "data": chunk}
+            raise EngineStreamCut(f"engine of replica {self.replica_id} ended the stream without [DONE]")
+        finally:
+            self._inflight -= 1
+            self._m_requests.inc(tags={"outcome": outcome})
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.stop()
+
+
+def _chunk_text(chunk: Dict[str, Any]) -> str:
+    for c in chunk.get("choices") or ():
+        if "text" in c and c["text"]:
+            return c["text"]
+        delta = c.get("delta") or {}
+        if delta.get("content"):
+            return delta["content"]
+    return ""
+
+
+def parse_engine_metrics(text: str) -> List[list]:
+    """The engine's `replayssm:` samples as [name, labels, value, type] rows (JSON-friendly)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows: List[list] = []
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith(ENGINE_METRIC_PREFIXES):
+            continue
+        for s in fam.samples:
+            rows.append([s.name, dict(s.labels), float(s.value), fam.type, fam.name])
+    return rows

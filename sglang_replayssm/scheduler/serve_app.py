@@ -1,0 +1,294 @@
+"""Build and run the Ray Serve application: N engine replicas behind the ReplaySSM router.
+
+    python -m sglang_replayssm.launch --replicas N [--ray-address auto|HOST:PORT|ray://HOST:PORT] \
+        [--host H --port P] [scheduler flags] [engine flags]
+
+`launch_replicas(args)` is what launch.py calls. It is tolerant of how args were parsed: it reads
+replicas / ray_address / host / port / engine / engine_argv when present, and pulls the scheduler
+flags below out of `engine_argv` itself if launch.py did not define them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import loopback as loopback_mod
+from .engine_process import ENGINES
+from .policy import POLICIES, SPILLS, PolicyConfig
+
+APP_NAME = "replayssm"
+ENGINE_DEPLOYMENT = "ReplaySSMEngine"
+ROUTER_DEPLOYMENT = "ReplaySSMRouter"
+ROUTER_CLASS = "sglang_replayssm.scheduler.request_router:ReplaySSMRouter"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class SchedulerError(RuntimeError):
+    """A bad scheduler flag or an unusable Ray cluster; `flag` names the flag to fix."""
+
+    def __init__(self, flag: str, message: str):
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+
+
+@dataclasses.dataclass
+class SchedulerOptions:
+    replicas: int = 1
+    ray_address: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    engine: str = "native"
+    engine_argv: List[str] = dataclasses.field(default_factory=list)
+    replica_num_cpus: float = 1.0
+    replica_num_gpus: float = 0.0
+    replica_max_ongoing: int = 256
+    router_max_ongoing: int = 4096
+    health_check_period_s: float = 2.0
+    health_check_timeout_s: float = 30.0
+    stats_period_s: float = 1.0
+    startup_timeout_s: float = 900.0
+    max_retries: int = 3
+    log_dir: Optional[str] = None
+    ray_metrics_port: Optional[int] = None
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+
+    def validate(self) -> "SchedulerOptions":
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise SchedulerError("--replicas", f"must be an integer >= 1, got {self.replicas!r}")
+        if self.engine not in ENGINES:
+            raise SchedulerError("--engine", f"must be one of {ENGINES}, got {self.engine!r}")
+        if not (0 < int(self.port) < 65536):
+            raise SchedulerError("--port", f"must be in 1..65535, got {self.port!r}")
+        if self.replica_num_cpus < 0:
+            raise SchedulerError("--replica-num-cpus", f"must be >= 0, got {self.replica_num_cpus}")
+        if self.replica_num_gpus < 0:
+            raise SchedulerError("--replica-num-gpus", f"must be >= 0, got {self.replica_num_gpus}")
+        if self.replica_max_ongoing < 1:
+            raise SchedulerError("--replica-max-ongoing", f"must be >= 1, got {self.replica_max_ongoing}")
+        if self.max_retries < 0:
+            raise SchedulerError("--max-retries", f"must be >= 0, got {self.max_retries}")
+        try:
+            self.policy.validate()
+        except ValueError as e:
+            flag = str(e).split(" ", 1)[0]
+            raise SchedulerError(flag, str(e).split(" ", 1)[1]) from None
+        return self
+
+
+def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = False):
+    """Scheduler flags. include_common adds --replicas/--ray-address/--host/--port/--engine too."""
+    g = parser.add_argument_group("Ray Serve replicas (with --replicas N)")
+    if include_common:
+        g.add_argument("--replicas", type=int, default=1)
+        g.add_argument("--ray-address", default=None)
+        g.add_argument("--host", default="127.0.0.1")
+        g.add_argument("--port", type=int, default=30000)
+        g.add_argument("--engine", choices=ENGINES, default="native")
+    g.add_argument("--replica-num-cpus", type=float, default=None,
+                   help="CPUs Ray reserves per replica (default 1; 0 lets replicas share CPUs)")
+    g.add_argument("--replica-num-gpus", type=float, default=None,
+                   help="GPUs per replica (default: 1 for --engine sglang, 0 for native)")
+    g.add_argument("--replica-max-ongoing", type=int, default=256,
+                   help="requests Serve lets one replica hold at once (default 256)")
+    g.add_argument("--route-policy", choices=POLICIES, default="pack",
+                   help="pack: fill a replica up to --route-target-batch before using the next (default); "
+                        "spread: least-loaded")
+    g.add_argument("--route-target-batch", type=int, default=32,
+                   help="requests per replica before spilling to another one (default 32)")
+    g.add_argument("--route-imbalance-threshold", type=int, default=8,
+                   help="override prefix affinity when the replica holds this many more requests than "
+                        "the least loaded one (and is at its target batch) (default 8)")
+    g.add_argument("--route-min-prefix-chars", type=int, default=32,
+                   help="shortest cached prefix (characters) worth affinity (default 32)")
+    g.add_argument("--route-spill", choices=SPILLS, default="least_loaded")
+    g.add_argument("--max-retries", type=int, default=3,
+                   help="times a request is re-sent after its replica failed (default 3)")
+    g.add_argument("--health-check-period", type=float, default=2.0,
+                   help="seconds between replica health checks (default 2)")
+    g.add_argument("--replica-log-dir", default=None, help="write each engine's log here")
+    g.add_argument("--ray-metrics-port", type=int, default=None,
+                   help="Ray metrics export port when this command starts the Ray cluster (default: Ray's choice)")
+    return g
+
+
+def options_from_args(args: Any) -> SchedulerOptions:
+    engine_argv = list(getattr(args, "engine_argv", None) or [])
+    # Scheduler flags launch.py did not define arrive inside engine_argv: take them out.
+    p = argparse.ArgumentParser(add_help=False)
+    add_scheduler_args(p)
+    sched, engine_argv = p.parse_known_args(engine_argv)
+
+    def pick(name, default=None):
+        v = getattr(args, name, None)
+        if v is None:
+            v = getattr(sched, name, None)
+        return default if v is None else v
+
+    engine = pick("engine", "native")
+    gpus = pick("replica_num_gpus", 1.0 if engine == "sglang" else 0.0)
+    replicas = getattr(args, "replicas", None)
+    pol = PolicyConfig(policy=pick("route_policy", "pack"), target_batch=pick("route_target_batch", 32),
+                       imbalance_threshold=pick("route_imbalance_threshold", 8),
+                       min_prefix_chars=pick("route_min_prefix_chars", 32), spill=pick("route_spill", "least_loaded"))
+    return SchedulerOptions(
+        replicas=replicas, ray_address=getattr(args, "ray_address", None),
+        host=getattr(args, "host", None) or "127.0.0.1", port=int(getattr(args, "port", None) or 30000),
+        engine=engine, engine_argv=engine_argv, replica_num_cpus=float(pick("replica_num_cpus", 1.0)),
+        replica_num_gpus=float(gpus), replica_max_ongoing=int(pick("replica_max_ongoing", 256)),
+        max_retries=int(pick("max_retries", 3)), health_check_period_s=float(pick("health_check_period", 2.0)),
+        log_dir=pick("replica_log_dir"), ray_metrics_port=pick("ray_metrics_port"), policy=pol,
+    ).validate()
+
+
+# -- Ray connection ------------------------------------------------------------------------------
+def _tcp_reachable(host: str, port: int, timeout: float = 3.0) -> Optional[str]:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as e:
+        return str(e) or type(e).__name__
+
+
+def _split_host_port(addr: str, flag: str):
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise SchedulerError(flag, f"expected auto, HOST:PORT or ray://HOST:PORT, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def connect_ray(opts: SchedulerOptions):
+    """Join the cluster named by --ray-address, or start a local one; clear errors otherwise."""
+    addr = opts.ray_address
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    loopback = opts.host in LOOPBACK
+    if addr in (None, "", "local") and loopback:
+        loopback_mod.enable()
+    import ray
+
+    if ray.is_initialized():
+        return
+    if addr in (None, "", "local"):
+        kw: Dict[str, Any] = dict(address="local", include_dashboard=False, log_to_driver=False)
+        if loopback:
+            kw["_node_ip_address"] = "127.0.0.1"
+            kw["runtime_env"] = {"worker_process_setup_hook": loopback_mod.HOOK}
+        if opts.ray_metrics_port:
+            kw["_metrics_export_port"] = int(opts.ray_metrics_port)
+        ray.init(**kw)
+        return
+    if addr != "auto":
+        target = addr[len("ray://"):] if addr.startswith("ray://") else addr
+        host, port = _split_host_port(target, "--ray-address")
+        why = _tcp_reachable(host, port)
+        if why is not None:
+            raise SchedulerError("--ray-address", f"cannot reach the Ray cluster at {addr} ({why}); "
+                                 "start it with `ray start --head` or fix the address")
+    try:
+        ray.init(address=addr, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        raise SchedulerError("--ray-address", f"cannot connect to the Ray cluster at {addr!r}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def check_capacity(opts: SchedulerOptions) -> None:
+    import ray
+
+    res = ray.cluster_resources()
+    for key, per, flag in (("GPU", opts.replica_num_gpus, "--replica-num-gpus"),
+                           ("CPU", opts.replica_num_cpus, "--replica-num-cpus")):
+        need = per * opts.replicas
+        have = float(res.get(key, 0.0))
+        if need > have:
+            raise SchedulerError("--replicas", f"{opts.replicas} replicas x {per:g} {key} ({flag}) need {need:g} "
+                                 f"{key}, the Ray cluster has {have:g}")
+
+
+# -- the application -----------------------------------------------------------------------------
+def build_app(opts: SchedulerOptions):
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from .ingress import RouterIngress
+    from .replica import EngineReplica
+
+    engine = serve.deployment(EngineReplica).options(
+        name=ENGINE_DEPLOYMENT,
+        num_replicas=opts.replicas,
+        max_ongoing_requests=opts.replica_max_ongoing,
+        health_check_period_s=opts.health_check_period_s,
+        health_check_timeout_s=opts.health_check_timeout_s,
+        graceful_shutdown_timeout_s=5,
+        ray_actor_options={"num_cpus": opts.replica_num_cpus, "num_gpus": opts.replica_num_gpus},
+        request_router_config=RequestRouterConfig(
+            request_router_class=ROUTER_CLASS,
+            request_router_kwargs=dataclasses.asdict(opts.policy),
+            request_routing_stats_period_s=opts.stats_period_s,
+            request_routing_stats_timeout_s=10.0,
+        ),
+    ).bind(opts.engine, list(opts.engine_argv), opts.startup_timeout_s, opts.log_dir)
+    router = serve.deployment(RouterIngress).options(
+        name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=opts.router_max_ongoing,
+        ray_actor_options={"num_cpus": 0},
+    ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries)
+    return router
+
+
+def start(opts: SchedulerOptions, blocking_timeout_s: float = 900.0) -> str:
+    """Deploy the application on the connected Ray cluster; returns the router URL."""
+    from ray import serve
+
+    opts.validate()
+    check_capacity(opts)
+    serve.start(http_options={"host": opts.host, "port": opts.port}, proxy_location="HeadOnly")
+    serve.run(build_app(opts), name=APP_NAME, route_prefix="/", blocking=False)
+    deadline = time.monotonic() + blocking_timeout_s
+    while True:
+        st = serve.status().applications.get(APP_NAME)
+        status = str(getattr(st, "status", ""))
+        if status.endswith("RUNNING"):
+            break
+        if status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
+            raise RuntimeError(f"Serve application failed to deploy: {getattr(st, 'message', '')}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Serve application not running after {blocking_timeout_s:.0f}s ({status})")
+        time.sleep(0.5)
+    host = "127.0.0.1" if opts.host in ("0.0.0.0", "::") else opts.host
+    return f"http://{host}:{opts.port}"
+
+
+def launch_replicas(args: Any) -> int:
+    """Entry point for `python -m sglang_replayssm.launch --replicas N ...`; blocks until SIGINT/SIGTERM."""
+    opts = options_from_args(args)
+    connect_ray(opts)
+    from ray import serve
+
+    url = start(opts)
+    print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s) behind the router at {url} "
+          f"(OpenAI API under /v1, metrics at /metrics)", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    serve.shutdown()
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Standalone entry (`python -m sglang_replayssm.scheduler`): same flags as launch.py --replicas."""
+    p = argparse.ArgumentParser(prog="python -m sglang_replayssm.scheduler")
+    add_scheduler_args(p, include_common=True)
+    args, rest = p.parse_known_args(argv)
+    args.engine_argv = rest
+    try:
+        return launch_replicas(args)
+    except SchedulerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

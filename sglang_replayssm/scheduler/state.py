@@ -1,0 +1,109 @@
+"""Process-local routing state shared by the ingress and the Ray Serve request router.
+
+Ray Serve runs a deployment handle's request router on its own event-loop thread inside the
+caller's process (here: the ingress replica), and ships the router class by value. State the
+router and the ingress both use therefore lives in this ordinary module: one `RouterState` per
+process, guarded by a lock because two threads touch it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, List, Optional
+
+from .policy import Choice, PolicyConfig
+from .prefix_tree import PrefixTree
+
+# how long a replica's reported stats count as current
+STATS_TTL_S = 30.0
+
+
+class RouterState:
+    def __init__(self, cfg: Optional[PolicyConfig] = None):
+        self.lock = threading.Lock()
+        self.configure(cfg or PolicyConfig())
+
+    def configure(self, cfg: PolicyConfig) -> None:
+        """(Re)start with `cfg`; a no-op when already configured with an equal config."""
+        cfg.validate()
+        if getattr(self, "cfg", None) == cfg:
+            return
+        with self.lock:
+            self.cfg = cfg.validate()
+            self.tree = PrefixTree(block_chars=cfg.block_chars)
+            self.inflight: Dict[str, int] = {}           # replica -> requests this router sent, not done
+            self.request_replica: Dict[str, str] = {}     # serve internal request id -> replica
+            self.choices: Dict[str, Choice] = {}          # route id -> last policy choice
+            self.routed: Dict[str, str] = {}              # route id -> replica it went to
+            self.stats: Dict[str, dict] = {}              # replica -> last reported stats
+            self.stats_time: Dict[str, float] = {}
+            self.seen_replicas: List[str] = []            # first-seen order: the packing tie-break
+            self.applied_prefix_reports: Dict[str, int] = {}
+
+    # -- load -------------------------------------------------------------------------------
+    def load(self, replica: str, serve_queue_len: Optional[int] = None) -> int:
+        """Requests in flight on `replica`: the larger of this router's own count and Serve's
+        queue-length cache (probed from the replica, so it includes other routers' requests).
+        Engine-reported running/waiting arrive late (stats period + controller broadcast) and are
+        used for metrics, not for load: a stale report would keep an idle replica looking busy."""
+        return max(self.inflight.get(replica, 0), serve_queue_len or 0)
+
+    def note_replica(self, replica: str) -> None:
+        if replica not in self.seen_replicas:
+            self.seen_replicas.append(replica)
+
+    def forget_replicas_except(self, alive: set) -> None:
+        """Drop state of replicas that left the deployment (dead or scaled down)."""
+        with self.lock:
+            gone = [r for r in self.seen_replicas if r not in alive]
+            for r in gone:
+                self.seen_replicas.remove(r)
+                self.tree.remove_replica(r)
+                self.stats.pop(r, None)
+                self.stats_time.pop(r, None)
+                self.inflight.pop(r, None)
+                self.applied_prefix_reports.pop(r, None)
+
+    def update_stats(self, replica: str, stats: dict) -> None:
+        """Merge a replica's routing stats: load numbers and the prefixes its engine reports."""
+        if not isinstance(stats, dict) or not stats:
+            return
+        with self.lock:
+            self.stats[replica] = stats
+            self.stats_time[replica] = time.monotonic()
+            prefixes = stats.get("cached_prefixes")
+            version = stats.get("seq", 0)
+            if isinstance(prefixes, list) and self.applied_prefix_reports.get(replica) != version:
+                self.applied_prefix_reports[replica] = version
+                for p in prefixes:
+                    if isinstance(p, str):
+                        self.tree.insert(p, replica)
+
+    # -- request lifecycle ---------------------------------------------------------------------
+    def routed_to(self, route_id: Optional[str], internal_id: Optional[str], replica: str) -> None:
+        with self.lock:
+            self.inflight[replica] = self.inflight.get(replica, 0) + 1
+            if internal_id:
+                self.request_replica[internal_id] = replica
+            if route_id:
+                self.routed[route_id] = replica
+
+    def completed(self, internal_id: str) -> None:
+        with self.lock:
+            replica = self.request_replica.pop(internal_id, None)
+            if replica is not None and replica in self.inflight:
+                self.inflight[replica] = max(0, self.inflight[replica] - 1)
+
+    def served(self, route_key: str, replica: str) -> None:
+        """The replica processed this prompt (+ output): it now holds these prefixes."""
+        if route_key:
+            with self.lock:
+                self.tree.insert(route_key, replica)
+
+    def pop_route(self, route_id: str):
+        with self.lock:
+            return self.choices.pop(route_id, None), self.routed.pop(route_id, None)
+
+
+STATE = RouterState()

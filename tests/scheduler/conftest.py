@@ -1,0 +1,83 @@
+"""One real local Ray cluster + Serve application for the whole scheduler test session.
+
+Everything binds 127.0.0.1 (Ray node address forced to loopback, see scheduler/loopback.py), ports
+are picked at run time, usage stats and the dashboard are off, replicas reserve no CPU (2-core CI).
+At teardown Serve and Ray are shut down and every Ray process this session started is checked gone.
+"""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+
+from sglang_replayssm.scheduler import loopback  # noqa: E402
+
+loopback.enable()  # before ray is imported anywhere in this process
+
+from sglang_replayssm.scheduler.engine_process import free_port  # noqa: E402
+from sglang_replayssm.scheduler.policy import PolicyConfig  # noqa: E402
+
+from .engine_setup import engine_argv  # noqa: E402
+
+NUM_REPLICAS = 2
+# small numbers so a handful of test requests exercise packing, affinity and the override
+POLICY = PolicyConfig(policy="pack", target_batch=2, imbalance_threshold=2, min_prefix_chars=16, block_chars=8)
+
+
+def _ray_pids():
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    pids = {}
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if ("ray::" in args or "/ray/" in args or "raylet" in args or "gcs_server" in args
+                or "sglang_replayssm.scheduler.engine_guard" in args):
+            pids[int(pid)] = args
+    return pids
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    import ray
+    from ray import serve
+
+    from sglang_replayssm.scheduler.serve_app import SchedulerOptions, start
+
+    before = set(_ray_pids())
+    tmp = tmp_path_factory.mktemp("scheduler")
+    metrics_port = free_port()
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
+             _metrics_export_port=metrics_port, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": loopback.HOOK},
+             _system_config={"metrics_report_interval_ms": 1000})
+    port = free_port()
+    opts = SchedulerOptions(replicas=NUM_REPLICAS, port=port, engine="native", engine_argv=engine_argv(tmp),
+                            replica_num_cpus=0, health_check_period_s=1.0, stats_period_s=0.5,
+                            log_dir=str(tmp / "logs"), policy=POLICY)
+    t0 = time.monotonic()
+    url = start(opts, blocking_timeout_s=300)
+    info = {"url": url, "metrics_port": metrics_port, "opts": opts, "tmp": tmp,
+            "startup_s": time.monotonic() - t0}
+    try:
+        yield info
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            left = {p: a for p, a in _ray_pids().items() if p not in before}
+            if not left:
+                break
+            time.sleep(0.5)
+        left = {p: a for p, a in _ray_pids().items() if p not in before}
+        for pid in left:  # a test failure must not leak processes into the rest of the suite
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        assert not left, f"Ray/engine processes left after shutdown: {left}"

@@ -1,0 +1,253 @@
+"""Real local Ray cluster, 2 native-engine replicas behind the ReplaySSM router (fixture: conftest.py).
+
+Tests run in file order on one Serve application: routing first, then the load test, then the
+replica kill, then Prometheus + the Grafana dashboard over the traffic of all of them.
+"""
+
+import asyncio
+import json
+import time
+import uuid
+
+import httpx
+import pytest
+
+from .client import chunk_text, complete, parse_sse
+from .conftest import POLICY
+
+LONG = 400          # tokens of a request that must still be running while the test looks
+EXTRA = {"ignore_eos": True, "temperature": 0.0}
+
+
+def _metric_values(text, name):
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, val = line.rpartition(" ")
+            out[key[len(name):]] = float(val)
+    return out
+
+
+async def _wait_idle(client, timeout=30.0):
+    """Until no replica has requests running or in flight (the router's view of the stats)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = (await client.get("/metrics")).text
+        busy = {(n, k): v for n in ("replayssm_router_replica_running", "replayssm_router_replica_waiting",
+                                    "replayssm_router_replica_inflight")
+                for k, v in _metric_values(text, n).items() if v > 0}
+        if not busy:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"replicas did not become idle: {busy}")
+
+
+class _Stream:
+    """A streaming completion running in the background; `started` once its first token arrived."""
+
+    def __init__(self, client, prompt, max_tokens):
+        self.started = asyncio.Event()
+        self.replica = self.route = None
+        self.lines = []
+        self.task = asyncio.create_task(self._run(client, prompt, max_tokens))
+
+    async def _run(self, client, prompt, max_tokens):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, **EXTRA}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            self.replica = r.headers["x-replayssm-replica"]
+            self.route = r.headers["x-replayssm-route"]
+            async for line in r.aiter_lines():
+                self.lines.append(line)
+                if line.startswith("data: ") and not self.started.is_set():
+                    self.started.set()
+        return parse_sse(self.lines)
+
+    async def cancel(self):
+        self.task.cancel()
+        try:
+            await self.task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_requests_all_succeed(cluster):
+    async def main():
+        async with httpx.AsyncClient(base_url=cluster["url"], timeout=120) as c:
+            assert (await c.get("/health")).status_code == 200
+            models = (await c.get("/v1/models")).json()
+            assert models["data"] and models["data"][0]["id"]
+            jobs = []
+            for i in range(12):
+                prompt = f"request {i}: the quick brown fox {uuid.uuid4().hex[:6]}"
+                jobs.append(complete(c, prompt, 8, stream=bool(i % 2), **EXTRA))
+            chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello there"}],
+                                                        "max_tokens": 6, **EXTRA})
+            res = await asyncio.gather(*jobs, chat)
+            for r in res[:-1]:
+                assert r["tokens"] == 8 and len(r["text"]) > 0
+                if "done" in r:
+                    assert r["done"] and len(r["ids"]) == 1
+            assert res[-1].status_code == 200, res[-1].text
+            assert res[-1].json()["choices"][0]["message"]["content"]
+            # a bad request is the engine's 400, passed through, not retried
+            bad = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+            assert bad.status_code == 400 and "max_tokens" in bad.text
+            replicas = {r["replica"] for r in res[:-1]}
+            assert replicas and all(replicas)
+
+    _run(main())
+
+
+def test_prefix_affinity_packing_and_overload_override(cluster):
+    assert POLICY.target_batch == 2 and POLICY.imbalance_threshold == 2
+    shared = "You are a helpful assistant. Shared system prompt 0123456789: "
+    assert len(shared) >= POLICY.min_prefix_chars
+
+    async def main():
+        async with httpx.AsyncClient(base_url=cluster["url"], timeout=120) as c:
+            await _wait_idle(c)
+            # 1. two long unique requests on an idle cluster: packed onto ONE replica (A)
+            l1 = _Stream(c, f"unique long one {uuid.uuid4().hex}", LONG)
+            await l1.started.wait()
+            l2 = _Stream(c, f"unique long two {uuid.uuid4().hex}", LONG)
+            await l2.started.wait()
+            assert l1.replica == l2.replica and l1.route == l2.route == "pack"
+            a = l1.replica
+            # 2. A is at its target batch: the shared-prefix request spills to B
+            r0 = await complete(c, shared + "question zero", 4, **EXTRA)
+            b = r0["replica"]
+            assert b != a and r0["route"] == "pack"
+            # 3. more requests sharing the prefix follow it to B (prefix hits)
+            for q in ("question one", "question two"):
+                r = await complete(c, shared + q, 4, **EXTRA)
+                assert (r["replica"], r["route"]) == (b, "prefix_hit")
+            await l1.cancel()
+            await l2.cancel()
+            await _wait_idle(c)
+            # 4. idle cluster: packing alone sends a new prompt to A, the shared prefix still goes to B
+            u = await complete(c, f"an unrelated prompt {uuid.uuid4().hex}", 4, **EXTRA)
+            assert (u["replica"], u["route"]) == (a, "pack")
+            r = await complete(c, shared + "question three", 4, **EXTRA)
+            assert (r["replica"], r["route"]) == (b, "prefix_hit")
+            # 5. skew: B holds 2 long shared-prefix requests (its target batch), A none -> override to A
+            h1 = _Stream(c, shared + "long four", LONG)
+            await h1.started.wait()
+            h2 = _Stream(c, shared + "long five", LONG)
+            await h2.started.wait()
+            assert (h1.replica, h1.route) == (b, "prefix_hit") and (h2.replica, h2.route) == (b, "prefix_hit")
+            r = await complete(c, shared + "question six", 4, **EXTRA)
+            assert (r["replica"], r["route"]) == (a, "load_override")
+            await h1.cancel()
+            await h2.cancel()
+            text = (await c.get("/metrics")).text
+            decisions = _metric_values(text, "replayssm_router_decisions_total")
+            assert decisions['{decision="prefix_hit"}'] >= 5
+            assert decisions['{decision="load_override"}'] >= 1
+            await _wait_idle(c)
+
+    _run(main())
+
+
+def test_bounded_load_zero_errors(cluster):
+    n, concurrency, max_tokens = 300, 32, 4
+
+    async def main():
+        sem = asyncio.Semaphore(concurrency)
+        errors = []
+        tokens = 0
+
+        async def one(i, c):
+            nonlocal tokens
+            async with sem:
+                try:
+                    r = await complete(c, f"load {i % 20} shared prefix for caching, item {i}", max_tokens,
+                                       stream=bool(i % 3 == 0), **EXTRA)
+                    assert r["tokens"] == max_tokens, r
+                    tokens += r["tokens"]
+                except Exception as e:  # counted, then asserted zero
+                    errors.append(repr(e))
+
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=cluster["url"], timeout=300, limits=limits) as c:
+            t0 = time.monotonic()
+            await asyncio.gather(*(one(i, c) for i in range(n)))
+            dt = time.monotonic() - t0
+        return errors, tokens, dt
+
+    errors, tokens, dt = _run(main())
+    assert errors == []
+    assert tokens == n * max_tokens
+    report = {"requests": n, "concurrency": concurrency, "max_tokens": max_tokens, "seconds": round(dt, 2),
+              "requests_per_s": round(n / dt, 1), "tokens_per_s": round(tokens / dt, 1)}
+    (cluster["tmp"] / "load_test.json").write_text(json.dumps(report))
+    print(f"\n[scheduler load test] {report}")
+
+
+def _kill_replica(replica_uid):
+    import ray
+
+    from sglang_replayssm.scheduler.serve_app import APP_NAME, ENGINE_DEPLOYMENT
+
+    name = f"SERVE_REPLICA::{APP_NAME}#{ENGINE_DEPLOYMENT}#{replica_uid}"
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+
+
+def _wait_replicas_running(n, timeout=180.0):
+    from ray import serve
+
+    from sglang_replayssm.scheduler.serve_app import APP_NAME, ENGINE_DEPLOYMENT
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dep = serve.status().applications[APP_NAME].deployments[ENGINE_DEPLOYMENT]
+        states = {str(k).split(".")[-1]: v for k, v in dep.replica_states.items()}
+        if states.get("RUNNING", 0) == n and sum(states.values()) == n:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Serve did not restore {n} replicas: {dep.replica_states}")
+
+
+def test_killed_replica_requests_complete_exactly_once(cluster):
+    prompts = [f"kill test {i}: resume me exactly once {uuid.uuid4().hex[:8]}" for i in range(6)]
+    max_tokens = 120
+
+    async def main():
+        async with httpx.AsyncClient(base_url=cluster["url"], timeout=300) as c:
+            await _wait_idle(c)
+            streams = []
+            for p in prompts[:4]:
+                s = _Stream(c, p, max_tokens)
+                await s.started.wait()
+                streams.append(s)
+            unary = [asyncio.create_task(complete(c, p, max_tokens, **EXTRA)) for p in prompts[4:]]
+            await asyncio.sleep(0.3)
+            victim = streams[0].replica
+            assert any(s.replica != victim for s in streams)  # the cluster is really spread over two
+            _kill_replica(victim)
+            results = [await s.task for s in streams]
+            unary_res = await asyncio.gather(*unary)
+            # reference: the same prompts with no failure (greedy decoding is deterministic)
+            _wait_replicas_running(2)
+            ref = [await complete(c, p, max_tokens, **EXTRA) for p in prompts]
+            return streams, results, unary_res, ref, victim
+
+    streams, results, unary_res, ref, victim = _run(main())
+    resumed = 0
+    for s, (chunks, meta, done), r in zip(streams, results, ref):
+        assert done, "stream ended without [DONE]"
+        text = "".join(chunk_text(ch) for ch in chunks)
+        assert sum(1 for ch in chunks if chunk_text(ch)) == max_tokens
+        assert text == r["text"], "resumed stream differs from the undisturbed answer (token lost or repeated)"
+        assert len({ch["id"] for ch in chunks}) == 1
+        assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch.get("choices")].count("length") == 1
+        if s.replica == victim:
+            assert meta["retries"] >= 1 and meta["replicas"][0] == victim and meta["replicas"][-1] != victim
+            resumed += 1
+    assert resumed >= 1
+    for u, r in zip(unary_res, ref[4:]):
+        assert u["tokens"] == max_tokens and u["text"] == r["text"]
