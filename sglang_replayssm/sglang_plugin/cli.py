@@ -56,6 +56,10 @@ def from_cli_args(original, cls, args):
         if opts.decode and getattr(args, "mamba_radix_cache_strategy", None) == "auto":
             args.mamba_radix_cache_strategy = "no_buffer"
     set_active(opts)
+    if opts is not None:
+        from .hooks import ensure_engine_hooks
+
+        ensure_engine_hooks()  # this process parsed the flags after load_plugins() (e.g. bench_one_batch)
     server_args = original(cls, args)
     if opts is not None:
         server_args._replayssm_options = dataclasses.asdict(opts)

@@ -3,7 +3,10 @@
 SGLang's ``load_plugins()`` runs in the launcher and again in every spawned scheduler / detokenizer
 process (entry point group ``sglang.srt.plugins``), then applies the registered hooks; so the hooks are
 active wherever the model runs. ``SGLANG_PLUGINS=<names>`` restricts which plugins load
-(``replayssm`` is ours). The hooks are inert unless ReplaySSM options are in force (``options.py``).
+(``replayssm`` is ours). The flag hooks are always installed; the engine hooks only in processes where
+ReplaySSM is on (``options.py``), so an SGLang launch without ``--replayssm-*`` flags does not pay for
+importing the model-runner modules in its tokenizer / detokenizer processes. Even where installed, every
+hook passes through to SGLang unless the layer lives in a ReplaySSM pool.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import backends, budget, cli, spec
+from .options import active_options
 from .pool import ReplayMambaPool, settle_all
 
 _HYB = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
@@ -23,11 +27,17 @@ def _settle_after_forward(result, *args, **kwargs):
     return result
 
 
-def hook_table() -> list[tuple[str, object, HookType]]:
-    table = [
-        # flags
+def cli_table() -> list[tuple[str, object, HookType]]:
+    """Always installed (cheap: server_args is imported by every SGLang process anyway)."""
+    return [
         ("sglang.srt.server_args.ServerArgs.add_cli_args", cli.add_cli_args, HookType.AFTER),
         ("sglang.srt.server_args.ServerArgs.from_cli_args", cli.from_cli_args, HookType.AROUND),
+    ]
+
+
+def engine_table() -> list[tuple[str, object, HookType]]:
+    """Installed where ReplaySSM is on (resolving them imports the model-runner modules)."""
+    table = [
         # pool + budget
         ("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.mamba_pool_cls", ReplayMambaPool, HookType.REPLACE),
         ("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache",
@@ -64,6 +74,33 @@ def hook_table() -> list[tuple[str, object, HookType]]:
     return table
 
 
+def hook_table() -> list[tuple[str, object, HookType]]:
+    return cli_table() + engine_table()
+
+
+_engine_registered = False
+
+
 def register_hooks() -> None:
-    for target, hook, kind in hook_table():
+    """Entry-point time: the flag hooks always; the engine hooks where ReplaySSM is already on (the
+    processes SGLang spawns inherit SGLANG_REPLAYSSM_OPTIONS from the launcher)."""
+    for target, hook, kind in cli_table():
         HookRegistry.register(target, hook, kind)
+    if active_options() is not None:
+        _register_engine()
+
+
+def _register_engine() -> None:
+    global _engine_registered
+    if not _engine_registered:
+        _engine_registered = True
+        for target, hook, kind in engine_table():
+            HookRegistry.register(target, hook, kind)
+
+
+def ensure_engine_hooks() -> None:
+    """ReplaySSM was turned on after the plugins loaded (flags parsed in this process): install the
+    engine hooks now (apply_hooks skips targets it already patched)."""
+    if not _engine_registered:
+        _register_engine()
+        HookRegistry.apply_hooks()

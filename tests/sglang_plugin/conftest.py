@@ -16,13 +16,21 @@ from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions  # noqa: E402
 from sglang_replayssm.sglang_plugin import options as plugin_options  # noqa: E402
 
 
+LOADED_WITHOUT_OPTIONS: set = set()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def sglang_plugins_loaded():
     """What every SGLang process does at start: discover entry points, run them, apply the hooks."""
     saved = os.environ.pop(ENV_VAR, None)
     from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
 
     load_plugins()
+    LOADED_WITHOUT_OPTIONS.update(HookRegistry._patched)
+    from sglang_replayssm.sglang_plugin.hooks import ensure_engine_hooks
+
+    ensure_engine_hooks()  # what the flag parser does once ReplaySSM is asked for in this process
     yield
     if saved is not None:
         os.environ[ENV_VAR] = saved

@@ -33,6 +33,15 @@ def test_entry_point_is_discovered():
     assert found["replayssm"][0] is plugin.register
 
 
+def test_only_flag_hooks_without_replayssm():
+    from sglang_replayssm.sglang_plugin.hooks import cli_table, engine_table
+
+    from .conftest import LOADED_WITHOUT_OPTIONS
+
+    assert {t for t, _, _ in cli_table()} <= LOADED_WITHOUT_OPTIONS
+    assert not {t for t, _, _ in engine_table()} & LOADED_WITHOUT_OPTIONS
+
+
 def test_sglang_plugins_whitelist_can_exclude_it(monkeypatch):
     from sglang.srt.plugins import load_plugins_by_group
 

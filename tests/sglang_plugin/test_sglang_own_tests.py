@@ -36,7 +36,10 @@ if not torch.cuda.is_available():
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
 load_plugins()
-assert "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.mamba_pool_cls" in HookRegistry._patched
+import os
+assert "sglang.srt.server_args.ServerArgs.from_cli_args" in HookRegistry._patched
+pool_hooked = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.mamba_pool_cls" in HookRegistry._patched
+assert pool_hooked == bool(os.environ.get("SGLANG_REPLAYSSM_OPTIONS"))
 import pytest
 sys.exit(pytest.main(sys.argv[1:]))
 """
