@@ -39,7 +39,7 @@ class EngineArgs:
     speculative_num_draft_tokens: int = 0
     replayssm: ReplaySSMOptions = dataclasses.field(default_factory=ReplaySSMOptions)
     seed: int = 0
-    use_kernels: bool = True
+    kernels: str = "auto"                # auto (Triton on CUDA) | triton | reference
 
     @property
     def served_name(self) -> str:
@@ -125,7 +125,7 @@ class Engine:
                                     act_dtype=self.model.dtype)
         self.kv = KVCache(cfg, args.max_running_requests + 1, args.max_model_len, self.model.device,
                           self.model.dtype)
-        self.ops = SSMOps(cfg.family, self.pool, replay_verify=opts.verify, use_kernels=args.use_kernels)
+        self.ops = SSMOps(cfg.family, self.pool, replay_verify=opts.verify, kernels=args.kernels)
         self.conventional = self.pool.cfg.mode == "conventional"
         self.sizes = traffic.StateSizes.of(self.pool)
         self.waiting: deque[Request] = deque()
@@ -207,7 +207,8 @@ class Engine:
         dev = self.model.device
         tokens = torch.tensor([chunk], device=dev)
         logits = self.model.forward(tokens, torch.tensor([start], device=dev),
-                                    torch.tensor([req.slot], device=dev), "prefill", self, start + len(chunk))
+                                    torch.tensor([req.slot], device=dev, dtype=torch.int32), "prefill", self,
+                                    start + len(chunk))
         self.pool.note_prefill([req.slot], [len(chunk)])
         req.prefilled += len(chunk)
         self.counters["prompt_tokens"] += len(chunk)
@@ -227,7 +228,7 @@ class Engine:
 
     def _batch(self, rows: list[Request]):
         dev = self.model.device
-        slots = torch.tensor([r.slot for r in rows], device=dev)
+        slots = torch.tensor([r.slot for r in rows], device=dev, dtype=torch.int32)
         pos = torch.tensor([len(r.tokens) - 1 for r in rows], device=dev)
         return slots, pos
 
@@ -386,7 +387,7 @@ class Engine:
     def info(self) -> dict:
         return {"model": self.args.served_name, "family": self.cfg.family, "arch": self.cfg.arch,
                 "ssm_layers": self.cfg.num_ssm_layers, "attention_layers": self.cfg.num_attn_layers,
-                "backend": self.ops.backend, "mode": self.pool.cfg.mode, "window": self.pool.cfg.window,
+                "backend": self.ops.backend, "verify_backend": self.ops.verify_backend, "mode": self.pool.cfg.mode, "window": self.pool.cfg.window,
                 "device": str(self.model.device), "dtype": str(self.model.dtype).replace("torch.", ""),
                 "max_model_len": self.args.max_model_len, "slots": self.pool.num_slots,
                 "speculative_num_draft_tokens": self.k, "tokenizer": self.tokenizer.name}

@@ -85,27 +85,31 @@ def param_shapes(cfg: HybridConfig) -> dict[str, tuple]:
 FP32_PARAMS = ("A_log", "D", "dt_bias", "norm", "gnorm", "q_norm", "k_norm", "final_norm", "lm_head_bias")
 
 
-def random_weights(cfg: HybridConfig, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
-    """Seeded weights in the canonical layout (fp32, CPU): deterministic for a given seed."""
-    g = torch.Generator().manual_seed(seed)
+def random_weights(cfg: HybridConfig, seed: int = 0, std: float = 0.02, device="cpu",
+                   dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """Seeded weights in the canonical layout: deterministic for a given seed and device. Matrices
+    in `dtype`; decay, skip and norm parameters in fp32. Generated on `device` (benchmarks: no
+    host-side copy of a multi-GB model)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    z = dict(device=device, dtype=torch.float32)
     out = {}
     for name, shape in param_shapes(cfg).items():
         leaf = name.split(".")[-1]
         if leaf in ("norm", "gnorm", "q_norm", "k_norm", "final_norm", "D"):
-            t = torch.ones(shape)
+            t = torch.ones(shape, **z)
         elif leaf == "A_log":
-            t = torch.log(torch.empty(shape).uniform_(1.0, 16.0, generator=g))
+            t = torch.log(torch.empty(shape, **z).uniform_(1.0, 16.0, generator=g))
         elif leaf == "dt_bias":   # inverse softplus of dt in [1e-3, 1e-1], log-uniform
-            dt = torch.exp(torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=g))
+            dt = torch.exp(torch.empty(shape, **z).uniform_(math.log(1e-3), math.log(1e-1), generator=g))
             t = dt + torch.log(-torch.expm1(-dt))
         elif leaf.endswith("bias"):
-            t = torch.zeros(shape)
+            t = torch.zeros(shape, device=device, dtype=dtype)
         elif leaf == "conv_w":
-            t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
+            t = (torch.randn(shape, generator=g, **z) / math.sqrt(shape[1])).to(dtype)
         elif leaf == "embed":
-            t = torch.randn(shape, generator=g)
+            t = torch.randn(shape, generator=g, device=device, dtype=dtype)
         else:
-            t = torch.randn(shape, generator=g) * std
+            t = torch.randn(shape, generator=g, device=device, dtype=dtype).mul_(std)
         out[name] = t
     return out
 

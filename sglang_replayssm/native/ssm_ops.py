@@ -23,22 +23,27 @@ from ..reference import FAMILY_MODULES
 TIMED = {"mamba2": (0, 1, 3, 4), "gdn": (0, 1, 2, 3, 4)}
 
 
-def kernel_module(family: str, device):
-    """The Triton module of `family` when running on CUDA and importable, else None."""
-    if torch.device(device).type != "cuda":
+def kernel_module(family: str, device, kernels: str = "auto"):
+    """The Triton module of `family`, or None. kernels: "auto" (on CUDA when importable), "triton"
+    (also on CPU, where Triton runs under TRITON_INTERPRET=1: tests), "reference" (never)."""
+    if kernels == "reference" or (kernels == "auto" and torch.device(device).type != "cuda"):
         return None
     try:
         mod = importlib.import_module(f"sglang_replayssm.kernels.{family}")
     except Exception:   # noqa: BLE001 - kernels are optional; the reference is always there
+        if kernels == "triton":
+            raise
         return None
     return mod
 
 
 class SSMOps:
-    def __init__(self, family: str, pool, replay_verify: bool = True, use_kernels: bool = True):
+    def __init__(self, family: str, pool, replay_verify: bool = True, kernels: str = "auto"):
+        if kernels not in ("auto", "triton", "reference"):
+            raise ValueError(f"kernels must be auto, triton or reference, got {kernels!r}")
         self.family, self.pool, self.replay_verify = family, pool, replay_verify
         self.ref = FAMILY_MODULES[family]
-        kern = kernel_module(family, pool.device) if use_kernels else None
+        kern = kernel_module(family, pool.device, kernels)
         self.decode_fn = getattr(kern, "decode", None) or self.ref.decode
         self.verify_fn = getattr(kern, "verify", None) or self.ref.verify
         self.conv_decode_fn = getattr(kern, "conventional_decode", None)
@@ -49,6 +54,7 @@ class SSMOps:
                 p, layer, torch.as_tensor(slots, dtype=torch.int32, device=dev),
                 torch.as_tensor(counts, dtype=torch.int32, device=dev))
         self.backend = "triton" if self.decode_fn is not self.ref.decode else "reference"
+        self.verify_backend = "triton" if self.verify_fn is not self.ref.verify else "reference"
         self.conventional = pool.cfg.mode == "conventional"
         self._snaps = {}   # snapshot verify: layer -> states [B, T, H, Dv, Dk]
 
@@ -70,11 +76,13 @@ class SSMOps:
                 outs.append(o)
             self.pool.write_state(layer, slots.tolist(), state)
             return torch.stack(outs, dim=1)
+        # the Triton wrappers want contiguous inputs and int32 slots
+        slots = slots if slots.dtype == torch.int32 else slots.int()
         if mode == "decode":
-            step = self._at(inputs, 0)
+            step = tuple(x.contiguous() for x in self._at(inputs, 0))
             if self.conventional:
                 if self.conv_decode_fn is not None:
-                    return self.conv_decode_fn(self.pool.ckpt[layer], slots.int(), *step).unsqueeze(1)
+                    return self.conv_decode_fn(self.pool.ckpt[layer], slots, *step).unsqueeze(1)
                 return self.ref.decode(self.pool, layer, slots, *step).unsqueeze(1)
             return self.decode_fn(self.pool, layer, slots, *step).unsqueeze(1)
         if self.snapshot_verify:
@@ -88,7 +96,7 @@ class SSMOps:
             return torch.stack(outs, dim=1)
         if self.conventional:   # the pool keeps one snapshot per draft (reference path)
             return self.ref.verify(self.pool, layer, slots, *inputs)
-        return self.verify_fn(self.pool, layer, slots, *inputs)
+        return self.verify_fn(self.pool, layer, slots, *(x.contiguous() for x in inputs))
 
     # ------------------------------------------------------------------ verify bookkeeping
     def begin_verify(self, slots: list, T: int) -> None:

@@ -19,12 +19,12 @@ def engine(family, slots=2, k=0, **opts):
 @pytest.fixture(scope="module", params=FAMILIES)
 def conventional_tokens(request):
     e = engine(request.param, decode=False)
-    return request.param, e.generate(PROMPTS, SamplingParams(max_tokens=40))
+    return request.param, e.generate(PROMPTS, SamplingParams(max_tokens=28))
 
 
 def test_outputs_are_not_degenerate(conventional_tokens):
     family, outs = conventional_tokens
-    assert all(len(o) == 40 for o in outs)
+    assert all(len(o) == 28 for o in outs)
     assert len({tuple(o) for o in outs}) == len(outs)   # different prompts, different continuations
 
 
@@ -32,7 +32,7 @@ def test_outputs_are_not_degenerate(conventional_tokens):
 def test_replay_greedy_equals_conventional(conventional_tokens, window):
     family, expected = conventional_tokens
     e = engine(family, window=window)
-    assert e.generate(PROMPTS, SamplingParams(max_tokens=40)) == expected
+    assert e.generate(PROMPTS, SamplingParams(max_tokens=28)) == expected
     assert e.counters["flushes"] > 0 and (window == 1 or e.counters["nonflush_steps"] > 0)
     if window > 1:  # ReplaySSM moves less state than conventional decoding would
         moved = e.counters["state_bytes_read"] + e.counters["state_bytes_written"]
@@ -44,11 +44,11 @@ def test_replay_greedy_equals_conventional(conventional_tokens, window):
 def test_speculative_equals_greedy(conventional_tokens, opts):
     family, expected = conventional_tokens
     e = engine(family, k=3, **opts)
-    assert e.generate(PROMPTS, SamplingParams(max_tokens=40)) == expected
+    assert e.generate(PROMPTS, SamplingParams(max_tokens=28)) == expected
     assert e.counters["verify_steps"] > 0
     assert e.counters["accepted_draft_tokens"] > 0          # prompt lookup hits on repetitive text
     assert e.counters["rollbacks"] > 0                      # and some drafts were rejected
-    assert e.counters["steps"] < 4 * 40 / 2                 # fewer engine steps than tokens
+    assert e.counters["steps"] < 4 * 28 / 2                 # fewer engine steps than tokens
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -56,7 +56,7 @@ def test_decode_equals_recomputation(family):
     """Each decoded token equals the argmax of a fresh prefill of the whole sequence so far."""
     e = engine(family, slots=1, window=4)
     prompt = e.tokenizer.encode(PROMPTS[0])
-    out = e.generate([prompt], SamplingParams(max_tokens=12))[0]
+    out = e.generate([prompt], SamplingParams(max_tokens=8))[0]
     for n in range(len(out)):
         fresh = engine(family, slots=1, window=4)
         assert fresh.generate([prompt + out[:n]], SamplingParams(max_tokens=1))[0] == [out[n]]
@@ -65,7 +65,7 @@ def test_decode_equals_recomputation(family):
 def test_full_pool_requests_wait_and_match(conventional_tokens):
     family, expected = conventional_tokens
     e = engine(family, slots=1, window=4)        # one slot for four requests
-    reqs = [e.add_request(p, SamplingParams(max_tokens=40)) for p in PROMPTS]
+    reqs = [e.add_request(p, SamplingParams(max_tokens=28)) for p in PROMPTS]
     peak_wait = 0
     while e.has_work():
         e.step()
