@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from sglang_replayssm.flags import ReplaySSMOptions, split_argv
+from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions, split_argv
 
 from .options import set_active
 
@@ -18,7 +18,10 @@ from .options import set_active
 def prepare(argv: list[str]):
     """Validate the ReplaySSM flags, activate the plugin, and return SGLang's ServerArgs for ``argv``."""
     ours, _rest = split_argv(argv)
-    set_active(ReplaySSMOptions.parse(ours))  # defaults when no flag given; env for spawned processes
+    if ours or not os.environ.get(ENV_VAR):
+        set_active(ReplaySSMOptions.parse(ours))  # defaults when no flag given; env for spawned processes
+    else:
+        set_active(ReplaySSMOptions.from_env())  # options handed down by a caller (e.g. a Ray replica)
     from sglang.srt.plugins import load_plugins
 
     load_plugins()

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from sglang_replayssm.flags import ENV_VAR, FlagError
+from sglang_replayssm.flags import ENV_VAR, FlagError, ReplaySSMOptions
 from sglang_replayssm.sglang_plugin import options
 
 
@@ -83,3 +83,5 @@ def test_launcher_prepare_activates_defaults_and_rejects_bad_flags():
     assert sa._replayssm_options["window"] == 16 and options.active_options().decode
     with pytest.raises(FlagError, match="--replayssm-window"):
         prepare(["--model-path", "dummy", "--replayssm-window", "0"])
+    os.environ.update(ReplaySSMOptions(window=4).to_env())  # handed down by a caller, no flags
+    assert prepare(["--model-path", "dummy"])._replayssm_options["window"] == 4

@@ -39,6 +39,13 @@ def test_pool_replaces_sglang_state_and_skips_snapshots(family, shape):
         t.numel() * t.element_size() for t in [*pool.mamba_cache.conv, *pool.mamba_cache.intermediate_conv_window])
 
 
+def test_fp16_sr_checkpoint_is_sglang_temporal():
+    with replayssm(ckpt_precision="fp16-sr", read_copy="nvfp4"):
+        pool = make_req_pool("gdn", size=2).mamba_pool
+    assert pool.mamba_cache.temporal is pool.replay.ckpt and pool.replay.ckpt.dtype == torch.float16
+    assert pool.replay.rc.dtype == torch.uint8 and pool.replay.rc.shape[-1] == GDN["K"] // 2
+
+
 def test_pool_is_sglang_own_when_replayssm_is_off():
     req_pool = make_req_pool("mamba2", size=3, drafts=2)
     pool = req_pool.mamba_pool
