@@ -115,7 +115,7 @@ def next_pow2(n: int) -> int:
 
 def chunk_k(Dk: int, want: int = 32) -> int:
     """Column chunk of the state walked per loop iteration (a power of 2 >= 16 dividing Dk)."""
-    for c in (want, 64, 32, 16):
+    for c in (want, 32, 16):
         if c <= Dk and Dk % c == 0:
             return c
     raise ValueError(f"head_k_dim {Dk} must be a multiple of 16")
@@ -232,23 +232,25 @@ def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_
                 RKS: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
                 BR: tl.constexpr, RC: tl.constexpr, NEED_K: tl.constexpr):
     """One pass over the head's state in column chunks: S0 q, S0 k ([BV]) and the record dot
-    products K_r q, K_r k ([BR]) for the current token (q = q_row * rq, k = k_row * rk)."""
-    sq0 = tl.zeros([BV], dtype=tl.float32)
-    sk0 = tl.zeros([BV], dtype=tl.float32)
-    kqr = tl.zeros([BR], dtype=tl.float32)
-    kkr = tl.zeros([BR], dtype=tl.float32)
+    products K_r q, K_r k ([BR]) for the current token (q = q_row * rq, k = k_row * rk).
+    Products are accumulated elementwise and reduced once at the end (few shuffles)."""
+    aq = tl.zeros([BV, BKC], dtype=tl.float32)
+    ak = tl.zeros([BV, BKC], dtype=tl.float32)
+    rqa = tl.zeros([BR, BKC], dtype=tl.float32)
+    rka = tl.zeros([BR, BKC], dtype=tl.float32)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
-        qc = tl.load(q_row + o_kc).to(tl.float32) * rq
+        qc = tl.load(q_row + o_kc).to(tl.float32)
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        sq0 += tl.sum(S0 * qc[None, :], axis=1)
-        kqr += tl.sum(Kr * qc[None, :], axis=1)
+        aq += S0 * qc[None, :]
+        rqa += Kr * qc[None, :]
         if NEED_K:
-            kc = tl.load(k_row + o_kc).to(tl.float32) * rk
-            sk0 += tl.sum(S0 * kc[None, :], axis=1)
-            kkr += tl.sum(Kr * kc[None, :], axis=1)
-    return sq0, sk0, kqr, kkr
+            kc = tl.load(k_row + o_kc).to(tl.float32)
+            ak += S0 * kc[None, :]
+            rka += Kr * kc[None, :]
+    return (tl.sum(aq, axis=1) * rq, tl.sum(ak, axis=1) * rk, tl.sum(rqa, axis=1) * rq,
+            tl.sum(rka, axis=1) * rk)
 
 
 @triton.jit

@@ -132,9 +132,11 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
     """Output-only verify of T drafts (chain or tree): O = exp(G) Sc Q + (E * QK^T) Dd, with the
-    draft d's from the within-draft delta-rule solve; writes the T draft records at cursor.."""
+    draft d's from the within-draft delta-rule solve; writes the T draft records at cursor..
+    All products are exact fp32 elementwise/broadcast sums over column chunks (T is small:
+    padding it to a tensor-core tile would waste most of the work)."""
     i_v = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b = tl.program_id(2)
@@ -163,8 +165,8 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     # one pass over the checkpoint (read copy) and the committed keys
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    S0Q = tl.zeros([BT, BV], dtype=tl.float32)
-    S0K = tl.zeros([BT, BV], dtype=tl.float32)
+    aq = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    ak = tl.zeros([BT, BV, BKC], dtype=tl.float32)
     KrQ = tl.zeros([BR, BT], dtype=tl.float32)
     KrK = tl.zeros([BR, BT], dtype=tl.float32)
     QK = tl.zeros([BT, BT], dtype=tl.float32)
@@ -175,15 +177,15 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
         Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        S0Q += tl.dot(Qc, tl.trans(S0), input_precision=PREC)
-        S0K += tl.dot(Kc, tl.trans(S0), input_precision=PREC)
-        KrQ += tl.dot(Kr, tl.trans(Qc), input_precision="ieee")
-        KrK += tl.dot(Kr, tl.trans(Kc), input_precision="ieee")
-        QK += tl.dot(Qc, tl.trans(Kc), input_precision="ieee")
-        KK += tl.dot(Kc, tl.trans(Kc), input_precision="ieee")
+        aq += S0[None, :, :] * Qc[:, None, :]
+        ak += S0[None, :, :] * Kc[:, None, :]
+        KrQ += tl.sum(Kr[:, None, :] * Qc[None, :, :], axis=2)
+        KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
+        QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
+        KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
     Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    SQ = gam * S0Q + tl.dot(tl.trans(KrQ * w[:, None]), Dr, input_precision="ieee")   # Sc q_t  [BT, BV]
-    SK = gam * S0K + tl.dot(tl.trans(KrK * w[:, None]), Dr, input_precision="ieee")   # Sc k_t
+    SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc q_t [BT, BV]
+    SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
     # draft gates and the path structure
     Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
@@ -202,7 +204,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
         bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
         dt = bt * (row_select(RHS, t, o_t) - corr)
         Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
-    O = tl.exp(LG)[:, None] * SQ + tl.dot(E * QK, Dd, input_precision="ieee")
+    O = tl.exp(LG)[:, None] * SQ + tl.sum((E * QK)[:, :, None] * Dd[None, :, :], axis=1)
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_v[None, :])
     pos = cur + o_t
@@ -288,7 +290,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
 
 
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
-           out=None, block_v=None, block_k=None, num_warps=None, precision=None):
+           out=None, block_v=None, block_k=None, num_warps=None):
     """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
     or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
     returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below)."""
@@ -308,16 +310,15 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     check_tensor("out", out, shape=(B, T, H, Dv), device=lv.device)
     if B == 0:
         return out
-    BV = _block_v(Dv, B, H, block_v)
+    BV = block_v or 16
     rc, rs, rgs = lv.rc_args()
-    prec = precision or "ieee"
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                              parents if parents is not None else slots, out, slots, lv.cursor,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
-                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(16, next_pow2(T)), BV=BV,
-                             BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
-                             HAS_PARENTS=parents is not None, EPS=L2_EPS, PREC=prec,
+                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
+                             BKC=block_k or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             HAS_PARENTS=parents is not None, EPS=L2_EPS,
                              num_warps=num_warps or 4)
     return out
 
