@@ -1,0 +1,315 @@
+"""End-to-end decode-step benchmark of the native engine: ReplaySSM vs conventional SSM decoding in
+the same engine and run, on hybrid models with random weights.
+
+  nemotron-3-nano-4b  Nemotron-H-shaped: 21 Mamba-2 + 4 attention layers (each followed by an MLP),
+                      hidden 3072, Mamba-2 96 heads x 80 x 128 (8 groups), attention 32/8 heads x 128
+  qwen3.5-4b          Qwen3.5-shaped: 24 Gated DeltaNet + 8 attention layers (+ gated MLP), hidden 2560,
+                      GDN 16 k-heads / 32 v-heads x 128 x 128, attention 16/4 heads x 256
+
+A decode step is the whole model forward for a batch of B sequences (one token each), the pool's
+cursor advance and greedy sampling, with no host synchronisation (CUDA graph when --cuda-graph).
+ReplaySSM rows start with staggered ring cursors (row b at b % window), so every step has B/window
+flush rows, as in steady-state serving. Speculative decoding: one verify step of T = 1 + drafts
+tokens per row (output-only ReplaySSM verify, draft records appended) + the pointer commit.
+
+  python bench/e2e.py                 # GPU: both models, batch 1/64/256/512, writes bench/results/e2e.json + .png
+  python bench/e2e.py --quick         # CPU check with tiny shapes (seconds)
+  python bench/e2e.py --plot bench/results/e2e.json   # redraw the PNG from a JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sglang_replayssm.native import traffic  # noqa: E402
+from sglang_replayssm.native.config import HybridConfig  # noqa: E402
+from sglang_replayssm.native.model import HybridModel, KVCache, random_weights  # noqa: E402
+from sglang_replayssm.native.ssm_ops import SSMOps  # noqa: E402
+from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
+
+
+def nemotron_blocks(n_ssm: int, n_attn: int) -> list[str]:
+    """Mixers with attention spread evenly, each mixer followed by an MLP block (Nemotron-H style)."""
+    n = n_ssm + n_attn
+    attn_at = {round((i + 1) * n / (n_attn + 1)) - 1 for i in range(n_attn)} if n_attn else set()
+    out = []
+    for i in range(n):
+        out += ["attention" if i in attn_at else "ssm", "mlp"]
+    return out
+
+
+def model_config(name: str) -> HybridConfig:
+    if name == "nemotron-3-nano-4b":
+        blocks = nemotron_blocks(21, 4)
+        return HybridConfig(arch="nemotron_h", vocab_size=131072, hidden_size=3072, blocks=blocks,
+                            block_layer=list(range(len(blocks))), num_attention_heads=32, num_key_value_heads=8,
+                            head_dim=128, intermediate_size=12288, mlp_act="relu2", ssm_heads=96,
+                            ssm_head_v_dim=80, ssm_head_k_dim=128, ssm_k_heads=8, conv_kernel=4).validate()
+    if name == "qwen3.5-4b":
+        layers = ["attention" if (i + 1) % 4 == 0 else "ssm" for i in range(32)]
+        blocks = [b for kind in layers for b in (kind, "mlp")]
+        return HybridConfig(arch="qwen3_next", vocab_size=248320, hidden_size=2560, blocks=blocks,
+                            block_layer=[i // 2 for i in range(len(blocks))], tie_word_embeddings=True,
+                            num_attention_heads=16, num_key_value_heads=4, head_dim=256, attn_output_gate=True,
+                            qk_norm=True, rotary_dim=64, intermediate_size=9216, mlp_act="silu", mlp_gated=True,
+                            ssm_heads=32, ssm_head_v_dim=128, ssm_head_k_dim=128, ssm_k_heads=16, conv_kernel=4,
+                            conv_bias=False, norm_eps=1e-6).validate()
+    if name.startswith("tiny-"):
+        fam = name.split("-", 1)[1]
+        blocks = ["ssm", "mlp", "attention", "mlp", "ssm", "mlp"]
+        extra = (dict(arch="nemotron_h", mlp_act="relu2") if fam == "mamba2" else
+                 dict(arch="qwen3_next", mlp_act="silu", mlp_gated=True, attn_output_gate=True, qk_norm=True,
+                      rotary_dim=8, conv_bias=False))
+        return HybridConfig(vocab_size=512, hidden_size=64, blocks=blocks, block_layer=list(range(6)),
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                            ssm_heads=4, ssm_head_v_dim=16, ssm_head_k_dim=32, ssm_k_heads=2, **extra).validate()
+    raise SystemExit(f"--models: unknown model {name!r}")
+
+
+class Timer:
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self, fn, iters: int) -> float:
+        """Mean milliseconds per call of fn over iters calls (device time on CUDA)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b) / iters
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t) * 1e3 / iters
+
+
+def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, kernels, seed=0):
+    geo = SSMGeometry(family=cfg.family, num_heads=cfg.ssm_heads, head_v_dim=cfg.ssm_head_v_dim,
+                      head_k_dim=cfg.ssm_head_k_dim, num_k_heads=cfg.ssm_k_heads, conv_dim=cfg.conv_dim,
+                      conv_kernel=cfg.conv_kernel)
+    pool = ReplayStatePool(geo, cfg.num_ssm_layers, batch, ReplayConfig(window=window, max_drafts=max_drafts, mode=mode),
+                           device=device, act_dtype=model.dtype)
+    slots = pool.alloc(batch)
+    g = torch.Generator(device=device).manual_seed(seed)
+    pool.ckpt.normal_(0.0, 0.02, generator=g)
+    pool.conv.normal_(0.0, 0.5, generator=g)
+    if mode == "replay":   # staggered rings: row b holds b % window committed records
+        pool.rec_d.normal_(0.0, 0.02, generator=g)
+        pool.rec_k.normal_(0.0, 0.1, generator=g)
+        pool.rec_g.uniform_(-0.1, 0.0, generator=g)
+        idx = torch.tensor(slots, device=device)
+        pool.cursor[idx] = (idx % window).to(torch.int32)
+    kv = KVCache(cfg, batch + 1, ctx_len + 16, device, model.dtype)
+    kv.k.normal_(0.0, 1.0, generator=g)
+    kv.v.normal_(0.0, 1.0, generator=g)
+    ops = SSMOps(cfg.family, pool, replay_verify=True, kernels=kernels)
+    return SimpleNamespace(pool=pool, kv=kv, ops=ops, slot_list=slots,
+                           slots=torch.tensor(slots, device=device, dtype=torch.int32))
+
+
+def decode_bench(cfg, model, batch, mode, args, device, timer):
+    st = make_state(cfg, model, batch, mode, args.window, 0, args.context, device, args.kernels)
+    pos = torch.full((batch,), args.context - 1, device=device, dtype=torch.long)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
+
+    def step():
+        logits = model.forward(tokens, pos, st.slots, "decode", st, args.context)
+        st.pool.advance(st.slots)
+        tokens.copy_(logits[:, 0].argmax(-1, keepdim=True))
+
+    for _ in range(2):
+        step()
+    graph = None
+    if args.cuda_graph and timer.cuda:
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                step()
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+        except Exception as e:   # noqa: BLE001 - report and fall back to eager
+            print(f"    cuda graph capture failed ({type(e).__name__}: {e}); timing eager", flush=True)
+            graph = None
+    run = graph.replay if graph is not None else step
+    for _ in range(3):
+        run()
+    ms = timer(run, args.iters)
+    sizes = traffic.StateSizes.of(st.pool)
+    rd = wr = 0
+    for b in range(batch):   # one full window: every row goes through every ring phase once
+        for c in range(args.window if mode == "replay" else 1):
+            r, w = traffic.decode_bytes(sizes, mode == "conventional", c, c + 1 >= args.window)
+            rd, wr = rd + r, wr + w
+    phases = args.window if mode == "replay" else 1
+    state_bytes = (rd + wr) / phases
+    out = {"ms": ms, "graph": graph is not None, "backend": st.ops.backend, "state_bytes_per_step": state_bytes,
+           "state_GBps": state_bytes / (ms * 1e-3) / 1e9, "tokens_per_s": batch / (ms * 1e-3)}
+    del st, graph
+    return out
+
+
+def verify_bench(cfg, model, batch, T, args, device, timer):
+    st = make_state(cfg, model, batch, "replay", args.window, T, args.context, device, args.kernels)
+    if st.ops.verify_backend != "triton" and timer.cuda:
+        return {"skipped": f"no Triton verify kernel for {cfg.family} (reference verify is per-row Python)"}
+    pos = torch.full((batch,), args.context - T, device=device, dtype=torch.long)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, T), device=device)
+    accepted = [T] * batch
+
+    def forward():
+        st.ops.begin_verify(st.slot_list, T)
+        logits = model.forward(tokens, pos, st.slots, "verify", st, args.context)
+        return logits.argmax(-1)
+
+    def commit():
+        st.ops.commit(st.slot_list, accepted)
+
+    for _ in range(2):
+        forward()
+        commit()
+    fwd_ms = commit_ms = 0.0
+    for _ in range(args.iters // 4 or 1):
+        fwd_ms += timer(forward, 1)
+        commit_ms += timer(commit, 1)
+    n = args.iters // 4 or 1
+    fwd_ms, commit_ms = fwd_ms / n, commit_ms / n
+    del st
+    return {"T": T, "verify_ms": fwd_ms, "commit_ms": commit_ms,
+            "tokens_per_s_all_accepted": batch * T / ((fwd_ms + commit_ms) * 1e-3)}
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    timer = Timer(device)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    res = {"command": "python bench/e2e.py " + " ".join(sys.argv[1:]), "device": str(device),
+           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+           "torch": torch.__version__, "dtype": args.dtype, "window": args.window, "context": args.context,
+           "iters": args.iters, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "models": {}}
+    for name in args.models:
+        cfg = model_config(name)
+        print(f"{name}: {cfg.num_ssm_layers} {cfg.family} + {cfg.num_attn_layers} attention layers", flush=True)
+        model = HybridModel(cfg, random_weights(cfg, seed=0, device=device, dtype=dtype), device=device, dtype=dtype)
+        entry = res["models"][name] = {"family": cfg.family, "ssm_layers": cfg.num_ssm_layers,
+                                       "attention_layers": cfg.num_attn_layers, "batches": {}}
+        for batch in args.batches:
+            row = entry["batches"][str(batch)] = {}
+            for mode in ("conventional", "replay"):
+                row[mode] = decode_bench(cfg, model, batch, mode, args, device, timer)
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                print(f"  B={batch:4d} {mode:12s} {row[mode]['ms']:8.3f} ms/step  "
+                      f"{row[mode]['tokens_per_s']:10.0f} tok/s  SSM state {row[mode]['state_GBps']:7.1f} GB/s"
+                      f"  ({row[mode]['backend']}{', graph' if row[mode]['graph'] else ''})", flush=True)
+            row["speedup"] = row["conventional"]["ms"] / row["replay"]["ms"]
+            print(f"  B={batch:4d} ReplaySSM speedup {row['speedup']:.3f}x", flush=True)
+            row["spec"] = {}
+            for T in args.verify_tokens:
+                v = row["spec"][str(T)] = verify_bench(cfg, model, batch, T, args, device, timer)
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                if "skipped" in v:
+                    print(f"  B={batch:4d} verify T={T}: skipped ({v['skipped']})", flush=True)
+                    continue
+                v["verify_over_decode"] = v["verify_ms"] / row["replay"]["ms"]
+                print(f"  B={batch:4d} verify T={T} ({T - 1} drafts) {v['verify_ms']:8.3f} ms + commit "
+                      f"{v['commit_ms']:.3f} ms = {v['verify_over_decode']:.2f}x a decode step; "
+                      f"{v['tokens_per_s_all_accepted']:.0f} tok/s if all accepted", flush=True)
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+def plot(res: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no PNG (rerun with --plot JSON where it is)")
+        return
+    models = list(res["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], models):
+        batches = list(res["models"][name]["batches"])
+        rows = [res["models"][name]["batches"][b] for b in batches]
+        x = range(len(batches))
+        conv = [r["conventional"]["ms"] for r in rows]
+        rep = [r["replay"]["ms"] for r in rows]
+        ax.bar([i - 0.2 for i in x], conv, 0.4, label="conventional")
+        ax.bar([i + 0.2 for i in x], rep, 0.4, label=f"ReplaySSM (L={res['window']})")
+        for i, r in enumerate(rows):
+            ax.annotate(f"{r['speedup']:.2f}x", (i + 0.2, rep[i]), ha="center", va="bottom", fontsize=9)
+        ax.set_xticks(list(x), [f"B={b}" for b in batches])
+        ax.set_ylabel("decode step (ms)")
+        ax.set_title(f"{name} ({res['dtype']}, {res['device_name']})", fontsize=10)
+        ax.legend()
+    fig.suptitle(res["command"], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny models, CPU-sized batches (a check, seconds)")
+    p.add_argument("--models", nargs="+", default=None)
+    p.add_argument("--batches", nargs="+", type=int, default=None)
+    p.add_argument("--verify-tokens", nargs="*", type=int, default=None,
+                   help="verify steps of T = 1 + drafts tokens (default 5 8: 4 and 7 drafts)")
+    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--context", type=int, default=512, help="tokens already in each sequence's KV cache")
+    p.add_argument("--iters", type=int, default=None, help="timed steps (default 2 windows)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
+    p.add_argument("--kernels", choices=("auto", "triton", "reference"), default="auto")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
+    p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
+    args = p.parse_args(argv)
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return 0
+    if not args.quick and torch.device(args.device).type != "cuda":
+        p.error("--device: the full benchmark needs a GPU; use --quick for a CPU check")
+    args.models = args.models or (["tiny-mamba2", "tiny-gdn"] if args.quick else ["nemotron-3-nano-4b", "qwen3.5-4b"])
+    args.batches = args.batches or ([1, 4] if args.quick else [1, 64, 256, 512])
+    args.verify_tokens = [5, 8] if args.verify_tokens is None else args.verify_tokens
+    args.iters = args.iters or (4 if args.quick else 2 * args.window)
+    args.dtype = args.dtype or ("float32" if args.quick else "bfloat16")
+    if args.quick:
+        args.context = min(args.context, 32)
+    res = run(args)
+    out = Path(args.out or ROOT / "bench" / "results" / ("e2e_quick.json" if args.quick else "e2e.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+    plot(res, out.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
