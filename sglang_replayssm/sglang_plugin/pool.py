@@ -19,7 +19,7 @@ When on:
   slot is marked allocated in our pool once; ``clear_slots`` resets, ``copy_from`` folds the source's
   committed records (a flush at the cached boundary) and forks checkpoint + read copy + cursor.
 * the cursor move after a decode step over all layers (``ReplayStatePool.advance``) is deferred to
-  ``settle()``, which runs after the model forward and before any operation that reads whole states.
+  ``settle()``, which runs after ``ModelRunner.forward`` and at the start of the next step.
 """
 
 from __future__ import annotations
@@ -216,7 +216,10 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._pending_decode = slots.to(torch.long).clamp(min=0)
 
     def settle(self) -> None:
-        """Apply the deferred cursor move of the last decode step (after all layers ran)."""
+        """Apply the deferred cursor move of the last decode step. Only once all layers of that step ran:
+        called after ``ModelRunner.forward`` and at the start of the next step's metadata, never from the
+        slot operations (a HiCache backup thread calling ``get_cpu_copy`` mid-step must not move cursors
+        before the step's kernels wrote their records)."""
         slots = self._pending_decode
         if slots is None:
             return
@@ -325,7 +328,6 @@ class ReplayMambaPool(_SGLangMambaPool):
     def clear_slots(self, indices: torch.Tensor):
         if self.replay is None:
             return super().clear_slots(indices)
-        self.settle()
         for sibling in self._slot_siblings:
             sibling.reset_slots(indices)
         idx64 = indices.to(torch.int64)
@@ -343,7 +345,6 @@ class ReplayMambaPool(_SGLangMambaPool):
         boundary), then fork checkpoint + read copy (+ empty ring) into the destination."""
         if self.replay is None:
             return super().copy_from(src_indices, dst_indices)
-        self.settle()
         src, dst = self._slot_list(src_indices), self._slot_list(dst_indices)
         if len(src) != len(dst):
             raise ValueError(f"copy_from: {len(src)} sources for {len(dst)} destinations")
@@ -360,7 +361,6 @@ class ReplayMambaPool(_SGLangMambaPool):
 
     def get_cpu_copy(self, indices):
         if self.replay is not None:
-            self.settle()
             self.replay.force_flush(sorted({s for s in self._slot_list(indices) if s > 0}), fold=self._fold)
         return super().get_cpu_copy(indices)
 
@@ -378,5 +378,4 @@ class ReplayMambaPool(_SGLangMambaPool):
 
     def materialize(self, layer: int, slots) -> torch.Tensor:
         """Full fp32 state of slots (checkpoint + committed records), for tests and debugging."""
-        self.settle()
         return self.replay.materialize(layer, [int(s) for s in slots])

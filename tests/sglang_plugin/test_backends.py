@@ -314,3 +314,34 @@ def test_prefill_batch_folds_pending_records_first():
         assert pool.replay.cursor[slots].tolist() == [0, 0]
         assert not torch.equal(pool.replay.ckpt[0, slots], before_ckpt)
         torch.testing.assert_close(pool.replay.ckpt[0, slots], state, **TOL)  # the checkpoint is the full state
+
+
+def test_cuda_graph_replay_metadata_notes_decode_rows_and_padding_hits_slot_0():
+    """The CUDA-graph path: init_forward_metadata_out_graph fills SGLang's static index buffer (padding
+    rows = -1); the hook notes the step, padding rows land on our padding slot 0, real rows advance."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    torch.manual_seed(3)
+    H, P = M2["H"], M2["P"]
+    with replayssm(window=4), sglang_context() as sa:
+        req_pool = make_req_pool("mamba2", size=4)
+        pool = req_pool.mamba_pool
+        be = Mamba2AttnBackend(fake_runner(sa, req_pool))
+        be.init_cuda_graph_state(4, 4)
+        fb = _batch(ForwardMode.DECODE, [2, 3, 2, 2], req_pool)
+        fb.seq_lens_cpu = torch.tensor([8, 8, 1, 1], dtype=torch.int32)  # the last two are graph padding
+        be.init_forward_metadata_out_graph(fb)
+        idx = be.forward_metadata.mamba_cache_indices
+        assert idx.tolist() == [2, 3, -1, -1]
+        A, D, dt_bias = -torch.ones(H), torch.zeros(H), torch.zeros(H)
+        before = pool.materialize(0, [1, 2, 3, 4])
+        pool.get_cpu_copy(torch.tensor([2, 3]))  # e.g. a HiCache backup mid-step: must not move cursors
+        assert pool.replay.cursor[[2, 3]].tolist() == [0, 0]
+        x, dt, Bm, Cm = _m2_inputs(4)
+        _m2_call(req_pool.mamba2_layer_cache(0), idx, x, dt, Bm, Cm, A, D, dt_bias, torch.empty(4, H, P))
+        pool.settle()
+        assert pool.replay.cursor[[1, 2, 3, 4]].tolist() == [0, 1, 1, 0]
+        after = pool.materialize(0, [1, 2, 3, 4])
+        torch.testing.assert_close(after[[0, 3]], before[[0, 3]])  # untouched slots
+        assert not torch.equal(after[1], before[1]) and not torch.equal(after[2], before[2])
