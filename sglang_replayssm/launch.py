@@ -56,6 +56,8 @@ def native_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunked-prefill-size", type=int, default=256, help="prefill tokens per request per step")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=0,
                    help="prompt-lookup draft tokens verified per step (0: no speculative decoding)")
+    p.add_argument("--prefix-cache-entries", type=int, default=None,
+                   help="prompt-prefix states kept in idle pool slots (default: a quarter of the slots; 0: off)")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's weights")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     add_replayssm_args(p)
@@ -89,6 +91,9 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
                             ("--speculative-num-draft-tokens", ns.speculative_num_draft_tokens, 0)):
         if value < lo:
             parser.error(f"{flag}: must be >= {lo}, got {value}")
+    cache = slots // 4 if ns.prefix_cache_entries is None else ns.prefix_cache_entries
+    if cache < 0:
+        parser.error(f"--prefix-cache-entries: must be >= 0, got {cache}")
     if ns.speculative_num_draft_tokens > 64:
         parser.error("--speculative-num-draft-tokens: at most 64")
     try:
@@ -112,7 +117,8 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
         parser.error(f"--model-path: built-in models are 'embedded:mamba2' and 'embedded:gdn', got {ns.model_path!r}")
     return EngineArgs(model_path=ns.model_path, device=device, dtype=ns.dtype, max_running_requests=slots,
                       max_model_len=ns.context_length, chunk_size=ns.chunked_prefill_size,
-                      speculative_num_draft_tokens=ns.speculative_num_draft_tokens, replayssm=opts, seed=ns.seed)
+                      speculative_num_draft_tokens=ns.speculative_num_draft_tokens, replayssm=opts, seed=ns.seed,
+                      prefix_cache_entries=cache)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from ..pool import ReplayStatePool, SSMGeometry
 from . import drafter, traffic
 from .config import HybridConfig, embedded_config
 from .model import HybridModel, KVCache, random_weights
+from .prefix_cache import PrefixCache
 from .ssm_ops import SSMOps
 from .tokenizer import ByteTokenizer, load_tokenizer
 
@@ -39,6 +40,7 @@ class EngineArgs:
     speculative_num_draft_tokens: int = 0
     replayssm: ReplaySSMOptions = dataclasses.field(default_factory=ReplaySSMOptions)
     seed: int = 0
+    prefix_cache_entries: int = 0        # prompt-prefix states kept in spare slots (0: off)
     kernels: str = "auto"                # auto (Triton on CUDA) | triton | reference
 
     @property
@@ -128,6 +130,7 @@ class Engine:
         self.ops = SSMOps(cfg.family, self.pool, replay_verify=opts.verify, kernels=args.kernels)
         self.conventional = self.pool.cfg.mode == "conventional"
         self.sizes = traffic.StateSizes.of(self.pool)
+        self.cache = PrefixCache(args.prefix_cache_entries)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._ids = itertools.count()
@@ -180,9 +183,17 @@ class Engine:
     # ------------------------------------------------------------------ one iteration
     def step(self) -> list[dict]:
         events: list[dict] = []
-        while self.waiting and self.pool.num_free > 0:
+        while self.waiting:
+            if self.pool.num_free == 0:
+                if not len(self.cache):
+                    break                       # the pool is full: requests wait
+                self.pool.free([self.cache.evict()])
             req = self.waiting.popleft()
             req.slot = self.pool.alloc(1)[0]
+            hit = self.cache.lookup(req.prompt)
+            if hit is not None:                 # start from the cached prefix state
+                self._fork(hit[0], req.slot)
+                req.prefilled = hit[1]
             self.running.append(req)
         decoding = [r for r in self.running if r.in_decode]
         for req in [r for r in self.running if r.prefilled < len(r.prompt)]:
@@ -201,9 +212,18 @@ class Engine:
             self.counters["requests_finished"] += 1
         return events
 
+    def _fork(self, src: int, dst: int) -> None:
+        self.pool.fork(src, dst)
+        self.kv.copy(src, dst)
+
     def _prefill_chunk(self, req: Request, events: list) -> None:
         start = req.prefilled
-        chunk = req.prompt[start:start + self.args.chunk_size]
+        end = min(start + self.args.chunk_size, len(req.prompt))
+        boundary = len(req.prompt) - 1         # prefix-cache key: the prompt without its last token
+        caching = self.cache.wants(req.prompt[:boundary])
+        if caching and start < boundary < end:
+            end = boundary
+        chunk = req.prompt[start:end]
         dev = self.model.device
         tokens = torch.tensor([chunk], device=dev)
         logits = self.model.forward(tokens, torch.tensor([start], device=dev),
@@ -212,6 +232,12 @@ class Engine:
         self.pool.note_prefill([req.slot], [len(chunk)])
         req.prefilled += len(chunk)
         self.counters["prompt_tokens"] += len(chunk)
+        if caching and req.prefilled == boundary and self.pool.num_free > 0 and not self.waiting:
+            if len(self.cache) >= self.cache.max_entries:
+                self.pool.free([self.cache.evict()])
+            dst = self.pool.alloc(1)[0]
+            self._fork(req.slot, dst)
+            self.cache.insert(req.prompt[:boundary], dst)
         if req.prefilled == len(req.prompt):
             self._emit(req, [self._sample(req, logits[0])], events)
 
@@ -378,9 +404,11 @@ class Engine:
     def stats(self) -> dict:
         total = self.pool.num_slots
         return {**{k: v for k, v in self.counters.items()},
-                "running": len(self.running), "waiting": len(self.waiting), "free_slots": self.pool.num_free,
+                "running": len(self.running), "waiting": len(self.waiting),
+                "free_slots": self.pool.num_free + len(self.cache),   # cache entries yield to requests
                 "total_slots": total, "batch_size": self.last_batch, "ring_occupancy": self.ring_occupancy,
-                "pool_usage": (total - self.pool.num_free) / total, "cached_prefixes": [],
+                "pool_usage": len(self.running) / total, "cached_prefixes": self.cache.hashes(),
+                "prefix_cache_hits": self.cache.hits, "prefix_cache_hit_tokens": self.cache.hit_tokens,
                 "gen_throughput": self.throughput(),
                 "time": time.time()}
 

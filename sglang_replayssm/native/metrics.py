@@ -26,6 +26,8 @@ COUNTERS = [
     ("replayssm:rollbacks", "rollbacks", "Verify rows whose rejected drafts were dropped"),
     ("replayssm:draft_tokens", "draft_tokens", "Speculative draft tokens proposed"),
     ("replayssm:accepted_draft_tokens", "accepted_draft_tokens", "Speculative draft tokens accepted"),
+    ("replayssm:prefix_cache_hits", "prefix_cache_hits", "Requests started from a cached prompt-prefix state"),
+    ("replayssm:prefix_cache_hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens not prefilled thanks to the cache"),
 ]
 GAUGES = [
     ("sglang:num_running_reqs", "running", "Requests holding a pool slot"),

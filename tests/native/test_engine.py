@@ -147,3 +147,29 @@ def test_pool_state_equals_conventional_state():
     for layer in range(a.pool.num_layers):
         torch.testing.assert_close(a.pool.materialize(layer, [ra.slot]), b.pool.materialize(layer, [rb.slot]),
                                    rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefix_cache_hit_equals_fresh_prefill(family):
+    base, longer = "Once upon a time, far away", "Once upon a time, far away, there lived"
+    plain = engine(family, slots=3, window=4)
+    want = plain.generate([base, longer], SamplingParams(max_tokens=12))
+    e = Engine(EngineArgs(model_path=f"embedded:{family}", max_running_requests=3, prefix_cache_entries=2,
+                          replayssm=ReplaySSMOptions(window=4), chunk_size=8))
+    assert e.generate([base], SamplingParams(max_tokens=12))[0] == want[0]
+    assert len(e.stats()["cached_prefixes"]) == 1 and e.stats()["free_slots"] == 3
+    before = e.counters["prompt_tokens"]
+    assert e.generate([longer], SamplingParams(max_tokens=12))[0] == want[1]
+    assert e.cache.hits == 1
+    n_base = len(e.tokenizer.encode(base)) - 1
+    assert e.counters["prompt_tokens"] - before == len(e.tokenizer.encode(longer)) - n_base
+
+
+def test_prefix_cache_yields_slots_to_requests():
+    e = Engine(EngineArgs(model_path="embedded:mamba2", max_running_requests=2, prefix_cache_entries=2,
+                          replayssm=ReplaySSMOptions(window=4)))
+    e.generate(["a long enough prompt to cache"], SamplingParams(max_tokens=4))
+    assert len(e.cache) == 1 and e.pool.num_free == 1
+    outs = e.generate(PROMPTS[:3], SamplingParams(max_tokens=6))       # needs both slots: evicts
+    assert len(e.cache) <= 1 and all(len(o) == 6 for o in outs)
+    assert outs == engine("mamba2", slots=2, window=4).generate(PROMPTS[:3], SamplingParams(max_tokens=6))

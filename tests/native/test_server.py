@@ -47,7 +47,7 @@ def server():
     port = free_port()
     cmd = [sys.executable, "-m", "sglang_replayssm.launch", "--engine", "native", "--host", "127.0.0.1",
            "--port", str(port), "--max-running-requests", str(SLOTS), "--speculative-num-draft-tokens", str(K),
-           "--replayssm-window", str(WINDOW)]
+           "--replayssm-window", str(WINDOW), "--prefix-cache-entries", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -151,7 +151,15 @@ def test_concurrent_requests_beyond_pool(server, client, reference_engine):
     assert max(seen_waiting) > 0     # the pool was full and requests queued
     load = json.loads(get(server[0] + "/v1/replayssm/load")[1])
     assert load == {"running": 0, "waiting": 0, "free_slots": SLOTS, "total_slots": SLOTS,
-                    "batch_size": load["batch_size"], "cached_prefixes": []}
+                    "batch_size": load["batch_size"], "cached_prefixes": load["cached_prefixes"]}
+
+
+def test_load_reports_cached_prefixes(server, client):
+    client.completions.create(model="m", prompt="a prompt long enough for the prefix cache", max_tokens=2)
+    time.sleep(0.7)
+    load = json.loads(get(server[0] + "/v1/replayssm/load")[1])
+    assert len(load["cached_prefixes"]) == 1
+    assert all(len(h) == 12 and int(h, 16) >= 0 for h in load["cached_prefixes"])
 
 
 @pytest.mark.parametrize("body, fragment", [
