@@ -39,6 +39,17 @@ def test_pool_replaces_sglang_state_and_skips_snapshots(family, shape):
         t.numel() * t.element_size() for t in [*pool.mamba_cache.conv, *pool.mamba_cache.intermediate_conv_window])
 
 
+def test_start_log_compares_capacity_with_sglang_scheme(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="sglang_replayssm.sglang_plugin.pool"), replayssm(read_copy="fp8"):
+        make_req_pool("gdn", size=8, drafts=4)
+    msg = next(r.getMessage() for r in caplog.records if "ReplaySSM mamba pool" in r.getMessage())
+    assert "per-draft snapshots" in msg and "ReplaySSM fits" in msg
+    fits = int(msg.rsplit("ReplaySSM fits ", 1)[1])
+    assert fits > 8  # with 4 drafts, SGLang's per-draft snapshots cost more than our ring + read copy
+
+
 def test_fp16_sr_checkpoint_is_sglang_temporal():
     with replayssm(ckpt_precision="fp16-sr", read_copy="nvfp4"):
         pool = make_req_pool("gdn", size=2).mamba_pool
