@@ -10,6 +10,7 @@ request the engine refused. Stats go out with every step and at least twice a se
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 
@@ -23,6 +24,7 @@ STATS_PERIOD_S = 0.5
 
 def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
     ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)   # never block exit on messages to a front end that is gone
     pull = ctx.socket(zmq.PULL)
     pull.connect(req_addr)
     push = ctx.socket(zmq.PUSH)
@@ -34,8 +36,11 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
         push.close(linger=2000)
         return
     push.send_pyobj({"type": "ready", "info": engine.info(), "stats": engine.stats()})
+    parent = os.getppid()
     last_stats = 0.0
     while True:
+        if os.getppid() != parent:   # the front end died without a shutdown message
+            return
         events: list[dict] = []
         if pull.poll(0 if engine.has_work() else IDLE_POLL_MS):
             while True:

@@ -51,7 +51,8 @@ class HFTokenizer:
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         if getattr(self.tok, "chat_template", None):
-            return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tok.encode(text, add_special_tokens=False)
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return self.encode(text)
 

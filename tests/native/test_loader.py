@@ -103,3 +103,27 @@ def test_unsupported_configs():
         HybridConfig.from_hf({k: v for k, v in base.items() if k != "mamba_num_heads"} | {"hybrid_override_pattern": "M"})
     cfg = HybridConfig.from_hf({**base, "hybrid_override_pattern": "M-M*-"})
     assert cfg.blocks == ["ssm", "mlp", "ssm", "attention", "mlp"] and cfg.ssm_k_heads == 2
+
+
+def test_hf_tokenizer_in_model_folder(hf_checkpoints, tmp_path):
+    """A folder with tokenizer files is served with its own tokenizer and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<eos>", "hello", "world", "the", "cat", "sat", "on", "mat", "user", "assistant", ":"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}assistant :{% endif %}")
+    d = _copy(hf_checkpoints["qwen3_next"][0], tmp_path / "with_tokenizer")
+    fast.save_pretrained(str(d))
+    e = Engine(EngineArgs(model_path=str(d), max_running_requests=2))
+    assert e.tokenizer.name == "hf" and e.tokenizer.eos_ids == {1}
+    assert e.tokenizer.encode("the cat sat") == [4, 5, 6]
+    req = e.add_request({"messages": [{"role": "user", "content": "hello world"}]}, SamplingParams(max_tokens=5))
+    assert req.prompt == [9, 11, 2, 3, 10, 11]
+    while e.has_work():
+        e.step()
+    assert 1 <= len(req.output) <= 5
