@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import multiprocessing as mp
 import os
+from pathlib import Path
 
 from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions
 from sglang_replayssm.sglang_plugin import metrics as plugin_metrics
@@ -98,7 +99,8 @@ def test_hooks_and_options_active_in_spawned_process(tmp_path, monkeypatch):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     monkeypatch.setenv(ENV_VAR, ReplaySSMOptions(window=3).to_env()[ENV_VAR])
     monkeypatch.setenv("SGLANG_REPLAYSSM_METRICS_INTERVAL", "1")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    repo_root = str(Path(__file__).resolve().parents[2])  # the child imports tests.sglang_plugin.conftest
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_scheduler_like_child, args=(queue,))
