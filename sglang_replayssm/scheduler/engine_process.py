@@ -44,7 +44,7 @@ def engine_command(engine: str, port: int, engine_argv: Sequence[str], host: str
 
 
 class EngineProcess:
-    """One engine child process; `url` is its base URL once `start()` returned."""
+    """One engine (in its own process group, under engine_guard); `url` once `start()` returned."""
 
     def __init__(self, engine: str, engine_argv: Sequence[str], startup_timeout_s: float = 600.0,
                  log_path: Optional[str] = None, env: Optional[dict] = None):
@@ -54,8 +54,8 @@ class EngineProcess:
         self.log_path = log_path
         self.env = env
         self.port: Optional[int] = None
-        self.proc: Optional[subprocess.Popen] = None
-        self._log = None
+        self.pgid: Optional[int] = None
+        self._lifeline: Optional[int] = None  # write end of the guard's lifeline pipe
 
     @property
     def url(self) -> str:
@@ -64,18 +64,24 @@ class EngineProcess:
     def start(self) -> "EngineProcess":
         self.port = free_port()
         cmd = engine_command(self.engine, self.port, self.engine_argv)
-        if self.log_path:
-            self._log = open(self.log_path, "ab")
-        out = self._log if self._log is not None else subprocess.DEVNULL
-        guard = [sys.executable, "-m", "sglang_replayssm.scheduler.engine_guard", str(os.getpid()), "--", *cmd]
-        self.proc = subprocess.Popen(guard, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env=self.env)
+        read_end, self._lifeline = os.pipe()
+        guard = [sys.executable, "-m", "sglang_replayssm.scheduler.engine_guard", str(read_end), "--", *cmd]
+        log = open(self.log_path, "ab") if self.log_path else None
+        try:
+            launcher = subprocess.Popen(guard, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, pass_fds=(read_end,),
+                                        start_new_session=True, env=self.env)
+        finally:
+            os.close(read_end)
+            if log is not None:
+                log.close()
+        self.pgid = launcher.pid  # session leader; the detached guard and the engine stay in its group
+        launcher.wait()           # the guard detaches at once
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
-            code = self.proc.poll()
-            if code is not None:
+            if not self.alive():
                 raise EngineStartError(
-                    f"engine exited with code {code} before becoming healthy: {' '.join(cmd)}"
+                    f"engine exited before becoming healthy: {' '.join(cmd)}"
                     + (f" (log: {self.log_path}; last lines:\n{self._tail()})" if self.log_path else ""))
             if self.healthy(timeout=2.0):
                 return self
@@ -92,7 +98,16 @@ class EngineProcess:
             return ""
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """True while the engine's process group (guard + engine) exists."""
+        if self.pgid is None:
+            return False
+        try:
+            os.killpg(self.pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
 
     def healthy(self, timeout: float = 5.0) -> bool:
         if not self.alive():
@@ -103,22 +118,18 @@ class EngineProcess:
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None:
+    def stop(self, timeout: float = 15.0) -> None:
+        """Close the lifeline (the guard stops the engine), then make sure the group is gone."""
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+        if self.pgid is None:
             return
-        if self.proc.poll() is None:
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.alive():
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    self.proc.kill()
-                self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+                os.killpg(self.pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

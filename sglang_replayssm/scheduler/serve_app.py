@@ -241,6 +241,32 @@ def build_app(opts: SchedulerOptions):
     return router
 
 
+def app_builder(args: Dict[str, Any]):
+    """Serve application builder for config files (`import_path:
+    sglang_replayssm.scheduler.serve_app:app_builder`, e.g. KubeRay's serveConfigV2). `args` are the
+    SchedulerOptions fields (replicas, engine, engine_argv, replica_num_gpus, ...) plus the policy
+    fields prefixed `route_` (route_policy, route_target_batch, route_imbalance_threshold,
+    route_min_prefix_chars, route_spill, route_block_chars)."""
+    args = dict(args or {})
+    pol = {k[len("route_"):]: v for k, v in list(args.items()) if k.startswith("route_")}
+    for k in list(args):
+        if k.startswith("route_"):
+            del args[k]
+    fields = {f.name for f in dataclasses.fields(SchedulerOptions)}
+    bad_pol = sorted(set(pol) - {f.name for f in dataclasses.fields(PolicyConfig)})
+    if bad_pol:
+        raise SchedulerError("route_" + bad_pol[0], "unknown routing argument")
+    unknown = sorted(set(args) - fields)
+    if unknown:
+        raise SchedulerError(unknown[0], f"unknown argument; known: {sorted(fields - {'policy'})}")
+    if isinstance(args.get("engine_argv"), str):
+        args["engine_argv"] = args["engine_argv"].split()
+    if "replica_num_gpus" not in args:
+        args["replica_num_gpus"] = 1.0 if args.get("engine") == "sglang" else 0.0
+    opts = SchedulerOptions(**args, policy=PolicyConfig(**pol)).validate()
+    return build_app(opts)
+
+
 def start(opts: SchedulerOptions, blocking_timeout_s: float = 900.0) -> str:
     """Deploy the application on the connected Ray cluster; returns the router URL."""
     from ray import serve
@@ -265,9 +291,16 @@ def start(opts: SchedulerOptions, blocking_timeout_s: float = 900.0) -> str:
 
 
 def launch_replicas(args: Any) -> int:
-    """Entry point for `python -m sglang_replayssm.launch --replicas N ...`; blocks until SIGINT/SIGTERM."""
-    opts = options_from_args(args)
-    connect_ray(opts)
+    """Entry point for `python -m sglang_replayssm.launch --replicas N ...`; blocks until SIGINT/SIGTERM.
+
+    A bad flag or an unreachable Ray cluster prints `error: --flag: reason` and returns 2."""
+    try:
+        opts = options_from_args(args)
+        connect_ray(opts)
+        check_capacity(opts)
+    except SchedulerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from ray import serve
 
     url = start(opts)
@@ -287,8 +320,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_scheduler_args(p, include_common=True)
     args, rest = p.parse_known_args(argv)
     args.engine_argv = rest
-    try:
-        return launch_replicas(args)
-    except SchedulerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return launch_replicas(args)

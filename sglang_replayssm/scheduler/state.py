@@ -66,13 +66,18 @@ class RouterState:
                 self.applied_prefix_reports.pop(r, None)
 
     def update_stats(self, replica: str, stats: dict) -> None:
-        """Merge a replica's routing stats: load numbers and the prefixes its engine reports."""
+        """Merge a replica's routing stats: load numbers and the prefixes its engine reports.
+
+        `cached_prefix_texts` (a list of prompt-prefix texts the engine holds state for) is merged
+        into the prefix tree. `cached_prefixes` may be opaque ids (the native engine reports hashes
+        of token sequences, which the router cannot map to text without the tokenizer): it is only
+        counted, in the metrics."""
         if not isinstance(stats, dict) or not stats:
             return
         with self.lock:
             self.stats[replica] = stats
             self.stats_time[replica] = time.monotonic()
-            prefixes = stats.get("cached_prefixes")
+            prefixes = stats.get("cached_prefix_texts")
             version = stats.get("seq", 0)
             if isinstance(prefixes, list) and self.applied_prefix_reports.get(replica) != version:
                 self.applied_prefix_reports[replica] = version

@@ -6,8 +6,8 @@ At teardown Serve and Ray are shut down and every Ray process this session start
 """
 
 import os
-import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -28,14 +28,31 @@ NUM_REPLICAS = 2
 POLICY = PolicyConfig(policy="pack", target_batch=2, imbalance_threshold=2, min_prefix_chars=16, block_chars=8)
 
 
-def _ray_pids():
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+# Every process this session starts (Ray's, the replicas', the engines') inherits this marker, so
+# they can be found - and only they - even after a guard or engine was re-parented.
+MARKER = "SGLANG_REPLAYSSM_TEST_SESSION"
+os.environ[MARKER] = uuid.uuid4().hex
+
+
+def session_pids():
+    """PIDs of live processes carrying this session's marker (this pytest process excluded)."""
+    needle = f"{MARKER}={os.environ[MARKER]}".encode()
     pids = {}
-    for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if ("ray::" in args or "/ray/" in args or "raylet" in args or "gcs_server" in args
-                or "sglang_replayssm.scheduler.engine_guard" in args):
-            pids[int(pid)] = args
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{d}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # zombie: already dead
+        except OSError:
+            continue
+        pids[int(d)] = cmd
     return pids
 
 
@@ -46,7 +63,6 @@ def cluster(tmp_path_factory):
 
     from sglang_replayssm.scheduler.serve_app import SchedulerOptions, start
 
-    before = set(_ray_pids())
     tmp = tmp_path_factory.mktemp("scheduler")
     metrics_port = free_port()
     ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
@@ -69,13 +85,10 @@ def cluster(tmp_path_factory):
         finally:
             ray.shutdown()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            left = {p: a for p, a in _ray_pids().items() if p not in before}
-            if not left:
-                break
+        while session_pids() and time.monotonic() < deadline:
             time.sleep(0.5)
-        left = {p: a for p, a in _ray_pids().items() if p not in before}
-        for pid in left:  # a test failure must not leak processes into the rest of the suite
+        left = session_pids()
+        for pid in left:  # a failure must not leak processes into the rest of the suite (ours only)
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:

@@ -6,6 +6,9 @@ replica kill, then Prometheus + the Grafana dashboard over the traffic of all of
 
 import asyncio
 import json
+import os
+import re
+import subprocess
 import time
 import uuid
 
@@ -13,7 +16,7 @@ import httpx
 import pytest
 
 from .client import chunk_text, complete, parse_sse
-from .conftest import POLICY
+from .conftest import POLICY, session_pids
 
 LONG = 400          # tokens of a request that must still be running while the test looks
 EXTRA = {"ignore_eos": True, "temperature": 0.0}
@@ -40,6 +43,17 @@ async def _wait_idle(client, timeout=30.0):
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"replicas did not become idle: {busy}")
+
+
+async def _engine_counter(client, name):
+    """{replica: value} of an engine metric, as re-exported by the router."""
+    text = (await client.get("/metrics")).text
+    out = {}
+    for key, v in _metric_values(text, name).items():
+        m = re.search(r'replica="([^"]+)"', key)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out
 
 
 class _Stream:
@@ -118,14 +132,24 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
             await l2.started.wait()
             assert l1.replica == l2.replica and l1.route == l2.route == "pack"
             a = l1.replica
-            # 2. A is at its target batch: the shared-prefix request spills to B
-            r0 = await complete(c, shared + "question zero", 4, **EXTRA)
+            # 2. A is at its target batch: the shared prompt spills to B
+            r0 = await complete(c, shared, 4, **EXTRA)
             b = r0["replica"]
             assert b != a and r0["route"] == "pack"
-            # 3. more requests sharing the prefix follow it to B (prefix hits)
+            hits_before = await _engine_counter(c, "replayssm:prefix_cache_hits_total")
+            # 3. requests extending it follow it to B (prefix hits), where the engine starts them from
+            #    its cached prompt-prefix state instead of prefilling the shared part again
             for q in ("question one", "question two"):
                 r = await complete(c, shared + q, 4, **EXTRA)
                 assert (r["replica"], r["route"]) == (b, "prefix_hit")
+            deadline = time.monotonic() + 10
+            while True:
+                hits = await _engine_counter(c, "replayssm:prefix_cache_hits_total")
+                if hits.get(b, 0) - hits_before.get(b, 0) >= 2 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            assert hits.get(b, 0) - hits_before.get(b, 0) >= 2, (hits_before, hits)
+            assert hits.get(a, 0) == hits_before.get(a, 0)
             await l1.cancel()
             await l2.cancel()
             await _wait_idle(c)
@@ -186,6 +210,41 @@ def test_bounded_load_zero_errors(cluster):
               "requests_per_s": round(n / dt, 1), "tokens_per_s": round(tokens / dt, 1)}
     (cluster["tmp"] / "load_test.json").write_text(json.dumps(report))
     print(f"\n[scheduler load test] {report}")
+
+
+def _sockets(kind):
+    """(local, peer, pid) of TCP sockets: kind 'l' = listening, 't' = established."""
+    out = subprocess.run(["ss", f"-{kind}np", "-H"], capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        pids = [int(x) for x in re.findall(r"pid=(\d+)", line)]
+        local, peer = parts[3], parts[4]
+        for pid in pids:
+            rows.append((local, peer, pid))
+    return rows
+
+
+def _host(addr):
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host[len("::ffff:"):] if host.startswith("::ffff:") else host  # IPv4-mapped IPv6
+
+
+def test_everything_is_on_loopback(cluster):
+    """Ray, Serve, the replicas and the engines listen on and talk over 127.0.0.1 only (ss -tnp)."""
+    async def traffic():
+        async with httpx.AsyncClient(base_url=cluster["url"], timeout=120) as c:
+            await asyncio.gather(*(complete(c, f"loopback check {i}", 8, stream=True, **EXTRA) for i in range(4)))
+
+    _run(traffic())
+    procs = session_pids()
+    assert any("sglang_replayssm.launch" in a for a in procs.values())  # the engines are among them
+    ours = set(procs) | {os.getpid()}
+    listening = [(l, pid) for l, _, pid in _sockets("tl") if pid in ours]
+    established = [(l, p, pid) for l, p, pid in _sockets("t") if pid in ours]
+    assert listening and established
+    assert {_host(l) for l, _ in listening} == {"127.0.0.1"}, listening
+    assert {_host(a) for l, p, _ in established for a in (l, p)} == {"127.0.0.1"}, established
 
 
 def _kill_replica(replica_uid):

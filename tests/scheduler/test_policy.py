@@ -1,0 +1,112 @@
+"""The routing policy, the prefix tree and the scheduler options, without Ray."""
+
+import argparse
+import random
+
+import pytest
+
+from sglang_replayssm.scheduler.policy import LOAD_OVERRIDE, PACK, PREFIX_HIT, SPILL, PolicyConfig, choose
+from sglang_replayssm.scheduler.prefix_tree import PrefixTree
+from sglang_replayssm.scheduler.serve_app import SchedulerError, options_from_args
+
+CFG = PolicyConfig(target_batch=4, imbalance_threshold=3, min_prefix_chars=8, block_chars=4)
+
+
+def test_pack_fills_the_fullest_replica_below_target_first():
+    c = choose({"a": 0, "b": 0, "c": 0}, {}, CFG, order=["a", "b", "c"])
+    assert (c.ranked[0], c.decision) == ("a", PACK)
+    c = choose({"a": 3, "b": 1, "c": 0}, {}, CFG, order=["a", "b", "c"])
+    assert c.ranked == ["a", "b", "c"] and c.decision == PACK
+    c = choose({"a": 4, "b": 1, "c": 0}, {}, CFG, order=["a", "b", "c"])  # a is at its target batch
+    assert c.ranked[0] == "b" and c.ranked[-1] == "a"
+
+
+def test_spill_to_least_loaded_when_all_at_target():
+    c = choose({"a": 6, "b": 4, "c": 5}, {}, CFG, order=["a", "b", "c"])
+    assert c.ranked == ["b", "c", "a"] and c.decision == SPILL
+
+
+def test_spread_policy_is_least_loaded():
+    cfg = PolicyConfig(policy="spread", target_batch=4)
+    c = choose({"a": 3, "b": 1, "c": 2}, {}, cfg, order=["a", "b", "c"])
+    assert c.ranked == ["b", "c", "a"] and c.decision == SPILL
+
+
+def test_power_of_two_picks_the_lighter_of_two():
+    cfg = PolicyConfig(policy="spread", spill="power_of_two")
+    loads = {"a": 9, "b": 1, "c": 5, "d": 7}
+    for seed in range(20):
+        c = choose(loads, {}, cfg, rng=random.Random(seed))
+        assert sorted(c.ranked) == sorted(loads)
+        assert c.ranked[0] != "a"  # the most loaded one never wins a pair
+
+
+def test_prefix_affinity_beats_packing_until_overloaded():
+    loads = {"a": 1, "b": 0}
+    c = choose(loads, {"b": 12}, CFG, order=["a", "b"])
+    assert (c.ranked[0], c.decision, c.matched_chars) == ("b", PREFIX_HIT, 12)
+    # below its target batch the affinity replica keeps the request, however skewed
+    c = choose({"a": 0, "b": 3}, {"b": 12}, CFG, order=["a", "b"])
+    assert (c.ranked[0], c.decision) == ("b", PREFIX_HIT)
+    # at its target batch and >= threshold above the least loaded: override
+    c = choose({"a": 0, "b": 4}, {"b": 12}, CFG, order=["a", "b"])
+    assert (c.ranked, c.decision, c.affinity) == (["a", "b"], LOAD_OVERRIDE, "b")
+    # at target but within the threshold of the others: affinity still wins
+    c = choose({"a": 2, "b": 4}, {"b": 12}, CFG, order=["a", "b"])
+    assert (c.ranked[0], c.decision) == ("b", PREFIX_HIT)
+
+
+def test_short_matches_are_ignored_and_longest_match_wins():
+    c = choose({"a": 0, "b": 0}, {"b": 4}, CFG, order=["a", "b"])
+    assert c.decision == PACK and c.ranked[0] == "a"
+    c = choose({"a": 0, "b": 0, "c": 0}, {"b": 8, "c": 16}, CFG, order=["a", "b", "c"])
+    assert (c.ranked[0], c.matched_chars) == ("c", 16)
+
+
+def test_bad_policy_config_names_the_flag():
+    for kw, flag in (({"target_batch": 0}, "--route-target-batch"), ({"policy": "x"}, "--route-policy"),
+                     ({"imbalance_threshold": 0}, "--route-imbalance-threshold"), ({"spill": "y"}, "--route-spill")):
+        with pytest.raises(ValueError, match=flag):
+            PolicyConfig(**kw).validate()
+
+
+def test_prefix_tree_match_insert_remove_evict():
+    t = PrefixTree(block_chars=4, max_nodes=50)
+    t.insert("abcdefghijkl", "r1")
+    t.insert("abcdefgh", "r2")
+    assert t.match("abcdefghijklmnop") == {"r1": 12, "r2": 8}
+    assert t.match("abcdXXXX") == {"r1": 4, "r2": 4}
+    assert t.match("abcdefghijkl", replicas=["r2"]) == {"r2": 8}
+    assert t.match("abc") == {}
+    t.remove_replica("r1")
+    assert t.match("abcdefghijkl") == {"r2": 8}
+    assert t.replicas() == {"r2"}
+    for i in range(100):
+        t.insert(f"{i:04d}" * 3, "r3")
+    assert len(t) <= 50
+
+
+def _ns(**kw):
+    base = dict(replicas=2, ray_address=None, host="127.0.0.1", port=8000, engine="native", engine_argv=[])
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_options_take_scheduler_flags_out_of_the_engine_args():
+    o = options_from_args(_ns(engine_argv=["--device", "cpu", "--route-target-batch", "7", "--replica-num-cpus",
+                                           "0", "--route-policy", "spread"]))
+    assert o.engine_argv == ["--device", "cpu"]
+    assert (o.policy.target_batch, o.policy.policy, o.replica_num_cpus) == (7, "spread", 0.0)
+    assert o.replica_num_gpus == 0.0
+    assert options_from_args(_ns(engine="sglang")).replica_num_gpus == 1.0
+
+
+@pytest.mark.parametrize("replicas", [0, -1, None, "2"])
+def test_bad_replica_count_is_a_clear_error(replicas):
+    with pytest.raises(SchedulerError, match="--replicas"):
+        options_from_args(_ns(replicas=replicas))
+
+
+def test_bad_route_flag_is_a_clear_error():
+    with pytest.raises(SchedulerError, match="--route-target-batch"):
+        options_from_args(_ns(engine_argv=["--route-target-batch", "0"]))
