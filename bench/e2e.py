@@ -119,8 +119,8 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
     kv.k.normal_(0.0, 1.0, generator=g)
     kv.v.normal_(0.0, 1.0, generator=g)
     ops = SSMOps(cfg.family, pool, replay_verify=True, kernels=kernels)
-    return SimpleNamespace(pool=pool, kv=kv, ops=ops, slot_list=slots,
-                           slots=torch.tensor(slots, device=device, dtype=torch.int32))
+    idx = torch.tensor(slots, device=device)
+    return SimpleNamespace(pool=pool, kv=kv, ops=ops, slot_list=slots, slots=idx.to(torch.int32), slots_long=idx)
 
 
 def decode_bench(cfg, model, batch, mode, args, device, timer):
@@ -130,7 +130,7 @@ def decode_bench(cfg, model, batch, mode, args, device, timer):
 
     def step():
         logits = model.forward(tokens, pos, st.slots, "decode", st, args.context)
-        st.pool.advance(st.slots)
+        st.pool.advance(st.slots_long)
         tokens.copy_(logits[:, 0].argmax(-1, keepdim=True))
 
     for _ in range(2):

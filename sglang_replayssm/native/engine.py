@@ -269,7 +269,7 @@ class Engine:
         tokens = torch.tensor([[r.tokens[-1]] for r in rows], device=self.model.device)
         max_len = max(len(r.tokens) for r in rows)
         logits = self.model.forward(tokens, pos, slots, "decode", self, max_len)[:, 0]
-        self.pool.advance(slots)
+        self.pool.advance(slots.long())
         self._account_decode(cursors)
         greedy = logits.argmax(-1).tolist()
         for i, r in enumerate(rows):

@@ -195,11 +195,12 @@ class HybridModel:
 
     # ------------------------------------------------------------------ forward
     def forward(self, tokens, pos, slots, mode: str, ctx, max_len: int):
-        """tokens [B, T] long, pos [B] long (first position), slots [B] long; max_len = max(pos) + T.
+        """tokens [B, T] long, pos [B] long (first position), slots [B] int; max_len = max(pos) + T.
         ctx: object with .pool (ReplayStatePool), .kv (KVCache), .ops (SSMOps). Returns logits (float32):
         [B, V] for prefill (last position), [B, T, V] otherwise."""
         assert mode in ("prefill", "decode", "verify"), mode
         cfg, w = self.cfg, self.w
+        slots32, slots = slots.to(torch.int32), slots.long()   # kernels take int32, indexing int64
         h = F.embedding(tokens, w["embed"])
         for i, kind in enumerate(cfg.blocks):
             x = rms_norm(h, w[f"b{i}.norm"], cfg.norm_eps)
@@ -208,9 +209,9 @@ class HybridModel:
             elif kind == "attention":
                 x = self._attention(i, x, pos, slots, ctx, max_len)
             elif cfg.family == "mamba2":
-                x = self._mamba2(i, x, slots, mode, ctx)
+                x = self._mamba2(i, x, slots, slots32, mode, ctx)
             else:
-                x = self._gdn(i, x, slots, mode, ctx)
+                x = self._gdn(i, x, slots, slots32, mode, ctx)
             h = h + x
         if mode == "prefill":
             h = h[:, -1]
@@ -277,7 +278,7 @@ class HybridModel:
             ctx.pool.conv[layer, slots] = xa[:, :, T:].to(ctx.pool.conv.dtype)
         return F.silu(y).transpose(1, 2).to(xc.dtype)                         # [B, T, C]
 
-    def _mamba2(self, i, x, slots, mode, ctx):
+    def _mamba2(self, i, x, slots, slots32, mode, ctx):
         cfg, w, p = self.cfg, self.w, f"b{i}."
         B, T, _ = x.shape
         H, P, N, G, I = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads, cfg.ssm_inner
@@ -287,7 +288,7 @@ class HybridModel:
         xs, Bm, Cm = xbc.split([I, G * N, G * N], dim=-1)
         inputs = (xs.reshape(B, T, H, P), dt, self.A[i], Bm.reshape(B, T, G, N), Cm.reshape(B, T, G, N),
                   w[p + "D"], w[p + "dt_bias"])
-        y = ctx.ops.run(self.ssm_index[i], slots, mode, inputs, T)            # [B, T, H, P]
+        y = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, P]
         # gated RMSNorm over groups of I // G channels, gate applied before the norm (Nemotron-H)
         y = y.reshape(B, T, I).float() * F.silu(z.float())
         y = y.view(B, T, G, I // G)
@@ -295,7 +296,7 @@ class HybridModel:
         y = (w[p + "gnorm"] * y.reshape(B, T, I)).to(x.dtype)
         return linear(y, w[p + "out_proj"], w.get(p + "out_proj_bias"))
 
-    def _gdn(self, i, x, slots, mode, ctx):
+    def _gdn(self, i, x, slots, slots32, mode, ctx):
         cfg, w, p = self.cfg, self.w, f"b{i}."
         B, T, _ = x.shape
         H, Dv, Dk, Hk = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads
@@ -303,7 +304,7 @@ class HybridModel:
         q, k, v = qkv.split([Hk * Dk, Hk * Dk, H * Dv], dim=-1)
         inputs = (q.reshape(B, T, Hk, Dk), k.reshape(B, T, Hk, Dk), v.reshape(B, T, H, Dv),
                   linear(x, w[p + "in_a"]), linear(x, w[p + "in_b"]), w[p + "A_log"], w[p + "dt_bias"])
-        o = ctx.ops.run(self.ssm_index[i], slots, mode, inputs, T)            # [B, T, H, Dv]
+        o = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, Dv]
         z = linear(x, w[p + "in_z"]).view(B, T, H, Dv)
         o = rms_norm(o.float(), w[p + "gnorm"], cfg.norm_eps) * F.silu(z.float())
         return linear(o.reshape(B, T, H * Dv).to(x.dtype), w[p + "out_proj"])
