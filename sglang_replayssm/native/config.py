@@ -153,13 +153,15 @@ class HybridConfig:
                 raise ModelConfigError(f"config.json: unknown layer types {bad}")
             blocks = [NEMOTRON_TYPES[t] for t in types]
         heads = req("num_attention_heads")
+        if hf.get("mamba_hidden_act", "silu") not in ("silu", "swish"):
+            raise ModelConfigError(f"config.json: mamba_hidden_act {hf['mamba_hidden_act']!r} is not supported (silu)")
         return cls(
             arch="nemotron_h", vocab_size=req("vocab_size"), hidden_size=req("hidden_size"),
             blocks=blocks, block_layer=list(range(len(blocks))),
             norm_eps=hf.get("layer_norm_epsilon", 1e-5),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)), eos_token_id=cls._eos(hf),
             num_attention_heads=heads, num_key_value_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or req("hidden_size") // heads,
+            head_dim=hf.get("head_dim") or hf.get("attention_head_dim") or req("hidden_size") // heads,
             attn_bias=bool(hf.get("attention_bias", False)),
             intermediate_size=req("intermediate_size"), mlp_act=_act(hf.get("mlp_hidden_act", "relu2")),
             mlp_bias=bool(hf.get("mlp_bias", False)),
