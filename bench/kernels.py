@@ -361,7 +361,7 @@ def main():
         timed(gpu_checks)
     batches = [int(b) for b in args.batches.split(",")]
     geos = GEOMS if args.geos == "all" else [g for g in GEOMS if g["name"] in args.geos.split(",")]
-    rcfgs = [(64, 16, 4)] if args.quick else [(16, 32, 4), (32, 32, 4), (64, 16, 4), (64, 32, 8), (128, 16, 8),
+    rcfgs = [(32, 32, 4)] if args.quick else [(32, 32, 1), (32, 64, 1), (32, 64, 2), (32, 32, 4), (64, 16, 4),
                                               (128, 32, 8)]
     ccfgs = [(16, None, 2)] if args.quick else [(32, None, 8), (16, None, 2)]
     for geo in geos:
@@ -431,14 +431,14 @@ def main():
                 E = geo["H"] * geo["Dv"] * geo["Dk"]
                 for T in range(1, 9):
                     inp_t = make_inputs(geo, B, T=T)
-                    for vcfg in ([(16, 16, 4), (32, 16, 4)] if (T == 8 and B == 256) else [(16, 16, 4)]):
+                    for vcfg in ([(32, 16, 4), (64, 16, 8)] if B == 256 else [(32, 16, 4)]):
                         steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, vcfg, base)
                         ms = timed(bench_graph, steps, rep)
                         reset()
                         if not ms:
                             continue
                         nb = B * (E * 4 * (1 + T / L) + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
-                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + ("" if vcfg == (16, 16, 4) else "_bv32"),
+                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + ("" if vcfg == (32, 16, 4) else "_bv64"),
                                ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T, config=list(vcfg),
                                note=f"{ms / T:.4f} ms/draft")
                 pool.cursor = curs[0]

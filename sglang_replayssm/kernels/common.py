@@ -230,36 +230,64 @@ def load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, 
 def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v,
                 q_row, k_row, rq, rk, reck_base, o_r, mask_r,
                 RKS: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
-                BR: tl.constexpr, RC: tl.constexpr, NEED_K: tl.constexpr):
+                BR: tl.constexpr, RC: tl.constexpr, NEED_K: tl.constexpr, ACC: tl.constexpr):
     """One pass over the head's state in column chunks: S0 q, S0 k ([BV]) and the record dot
     products K_r q, K_r k ([BR]) for the current token (q = q_row * rq, k = k_row * rk).
-    Products are accumulated elementwise and reduced once at the end (few shuffles)."""
-    aq = tl.zeros([BV, BKC], dtype=tl.float32)
-    ak = tl.zeros([BV, BKC], dtype=tl.float32)
-    rqa = tl.zeros([BR, BKC], dtype=tl.float32)
-    rka = tl.zeros([BR, BKC], dtype=tl.float32)
+    ACC: accumulate products elementwise and reduce once at the end (many warps per program),
+    else reduce every chunk (one- or two-warp programs, where reductions are cheap shuffles)."""
+    if ACC:
+        aq = tl.zeros([BV, BKC], dtype=tl.float32)
+        ak = tl.zeros([BV, BKC], dtype=tl.float32)
+        rqa = tl.zeros([BR, BKC], dtype=tl.float32)
+        rka = tl.zeros([BR, BKC], dtype=tl.float32)
+    else:
+        sq = tl.zeros([BV], dtype=tl.float32)
+        sk = tl.zeros([BV], dtype=tl.float32)
+        kq = tl.zeros([BR], dtype=tl.float32)
+        kk = tl.zeros([BR], dtype=tl.float32)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
         qc = tl.load(q_row + o_kc).to(tl.float32)
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        aq += S0 * qc[None, :]
-        rqa += Kr * qc[None, :]
+        if ACC:
+            aq += S0 * qc[None, :]
+            rqa += Kr * qc[None, :]
+        else:
+            sq += tl.sum(S0 * qc[None, :], axis=1)
+            kq += tl.sum(Kr * qc[None, :], axis=1)
         if NEED_K:
             kc = tl.load(k_row + o_kc).to(tl.float32)
-            ak += S0 * kc[None, :]
-            rka += Kr * kc[None, :]
-    return (tl.sum(aq, axis=1) * rq, tl.sum(ak, axis=1) * rk, tl.sum(rqa, axis=1) * rq,
-            tl.sum(rka, axis=1) * rk)
+            if ACC:
+                ak += S0 * kc[None, :]
+                rka += Kr * kc[None, :]
+            else:
+                sk += tl.sum(S0 * kc[None, :], axis=1)
+                kk += tl.sum(Kr * kc[None, :], axis=1)
+    if ACC:
+        sq = tl.sum(aq, axis=1)
+        sk = tl.sum(ak, axis=1)
+        kq = tl.sum(rqa, axis=1)
+        kk = tl.sum(rka, axis=1)
+    return sq * rq, sk * rk, kq * rq, kk * rk
 
 
 @triton.jit
-def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, o_r, mask_r, Dw, gam, alpha,
-                     dcur, k_row, rk, RKS: tl.constexpr, K: tl.constexpr, HAS_CUR: tl.constexpr):
+def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt, gtot,
+                     alpha, dcur, k_row, rk, RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr,
+                     K: tl.constexpr, HAS_CUR: tl.constexpr):
+    """Columns o_kc of alpha*(S0 exp(gtot) + sum_j w_j d_j k_j^T) (+ dcur k^T): rank-1 updates over
+    the cnt records (fp32 FMAs; few registers, flush rows only)."""
     rows = head_rows + o_v
-    S0 = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
-    Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-    S = alpha * (gam * S0 + tl.dot(tl.trans(Dw), Kr, input_precision=FOLD_PREC))
+    S = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
+    S = S * tl.exp(gtot)
+    cum = gtot * 0.0
+    for j in range(cnt):
+        cum += tl.load(recg_base + j * RGS)
+        dj = tl.load(recd_base + j * RDS + o_v, mask=mask_v, other=0.0).to(tl.float32) * tl.exp(gtot - cum)
+        kj = tl.load(reck_base + j * RKS + o_kc).to(tl.float32)
+        S += dj[:, None] * kj[None, :]
+    S = alpha * S
     if HAS_CUR:
         kc = tl.load(k_row + o_kc).to(tl.float32) * rk
         S = S + dcur[:, None] * kc[None, :]
@@ -267,28 +295,29 @@ def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, o_r, mas
 
 
 @triton.jit
-def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r,
-               Dw, gam, alpha, dcur, k_row, rk, seed, stream, idx_base,
-               RKS: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
+def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, recd_base, recg_base,
+               cnt, gtot, alpha, dcur, k_row, rk, seed, stream, idx_base,
+               RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr, K: tl.constexpr,
+               BKC: tl.constexpr, BV: tl.constexpr,
                RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_CUR: tl.constexpr,
                INTERPRET: tl.constexpr):
-    """Write the folded state S = alpha*(gam*S0 + Dw^T K_r) (+ dcur k^T) of rows o_v of one head:
-    checkpoint (fp32, or fp16 with stochastic rounding) and the fp8 read copy (per-row scales need
-    a first pass for the row maxima). Reads S0 from the high-precision checkpoint."""
+    """Write the folded state S = alpha*(S0 exp(gtot) + sum_j w_j d_j k_j^T) (+ dcur k^T) of rows
+    o_v of one head: checkpoint (fp32, or fp16 with stochastic rounding) and the fp8 read copy
+    (per-row scales need a first pass for the row maxima). Reads S0 from the fp32/fp16 checkpoint."""
     rows = head_rows + o_v
     if RC == 1:
         amax = tl.zeros([BV], dtype=tl.float32)
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
-            S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, o_r, mask_r, Dw, gam,
-                                 alpha, dcur, k_row, rk, RKS, K, HAS_CUR)
+            S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
+                                 gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
             amax = tl.maximum(amax, tl.max(tl.abs(S), axis=1))
         sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
         tl.store(rs_ptr + rows, sc, mask=mask_v)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
-        S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, o_r, mask_r, Dw, gam,
-                             alpha, dcur, k_row, rk, RKS, K, HAS_CUR)
+        S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
+                             gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
         offs = rows[:, None] * K + o_kc[None, :]
         if RC == 1:
             y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
@@ -315,7 +344,7 @@ def load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H: tl.
     w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
     Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
                  mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    return Dr, w, tl.exp(gtot)
+    return Dr, w, tl.exp(gtot), gtot
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -338,13 +367,15 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
         o_r = tl.arange(0, BR)
         mask_v = o_v < V
         mask_r = o_r < cnt
-        Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+        Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
+        gtot = tl.sum(Gr, axis=0)
         stream = tl.load(folded_ptr + slot) + cnt
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
         fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, o_v, mask_v,
-                   reck_ptr + (slot * R * HK + i_hk) * K, o_r, mask_r, Dr * w[:, None], gam, 1.0,
+                   reck_ptr + (slot * R * HK + i_hk) * K, recd_ptr + (slot * R * H + i_h) * V,
+                   recg_ptr + slot * R * H + i_h, cnt, gtot, 1.0,
                    tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
-                   HK * K, K, BKC, BV, RC, CKPT_SR, SHARED, False, INTERPRET)
+                   HK * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, False, INTERPRET)
 
 
 def fold(pool, layer: int, slots, counts, per_channel: bool,

@@ -45,7 +45,8 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr):
+                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
+                       ACC: tl.constexpr):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b = tl.program_id(2)
@@ -63,7 +64,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                                        H, K, EPS)
     alpha = tl.exp(g)
     vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     # S q and S k of the state before this token: checkpoint (flush rows: the fp32 one, others
@@ -71,11 +72,11 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     if is_flush:
         sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                         HK * K, K, BKC, BV, BR, 0, True)
+                                         HK * K, K, BKC, BV, BR, 0, True, ACC)
     else:
         sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                         HK * K, K, BKC, BV, BR, RC, True)
+                                         HK * K, K, BKC, BV, BR, RC, True, ACC)
     sq = alpha * (gam * sq0 + tl.sum(Dr * (w * kqr)[:, None], axis=0))
     sk = alpha * (gam * sk0 + tl.sum(Dr * (w * kkr)[:, None], axis=0))
     d = beta * (vv - sk)
@@ -84,9 +85,10 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     if is_flush:  # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
         stream = tl.load(folded_ptr + slot) + cur + 1
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r,
-                   Dr * w[:, None], gam, alpha, d, k_row, rk, seed, stream, idx_base,
-                   HK * K, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base,
+                   recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
+                   alpha, d, k_row, rk, seed, stream, idx_base,
+                   HK * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
     # the record of this token at ring position cur
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -183,7 +185,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
         KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
         QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
         KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
-    Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc q_t [BT, BV]
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
     # draft gates and the path structure
@@ -285,7 +287,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, num_warps=num_warps or 4)
+                             INTERPRET=INTERPRET, ACC=(num_warps or 4) >= 4, num_warps=num_warps or 4)
     return out
 
 
@@ -310,7 +312,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     check_tensor("out", out, shape=(B, T, H, Dv), device=lv.device)
     if B == 0:
         return out
-    BV = block_v or 16
+    BV = block_v or 32
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,

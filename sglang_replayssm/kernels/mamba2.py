@@ -45,7 +45,8 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-                      SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr):
+                      SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
+                      ACC: tl.constexpr):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b = tl.program_id(2)
@@ -66,17 +67,17 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     g = dt * tl.load(A_ptr + i_h).to(tl.float32)
     a = tl.exp(g)
     u = dt * xv
-    Dr, w, gam = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * G + i_g) * K
     if is_flush:
         sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                        mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                       G * K, K, BKC, BV, BR, 0, False)
+                                       G * K, K, BKC, BV, BR, 0, False, ACC)
     else:
         sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                        mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                       G * K, K, BKC, BV, BR, RC, False)
+                                       G * K, K, BKC, BV, BR, RC, False, ACC)
     y = a * (gam * sc0 + tl.sum(Dr * (w * kcr)[:, None], axis=0)) + u * bc
     y = y + tl.load(D_ptr + i_h).to(tl.float32) * xv
     if HAS_Z:
@@ -86,9 +87,10 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     if is_flush:  # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
         stream = tl.load(folded_ptr + slot) + cur + 1
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r,
-                   Dr * w[:, None], gam, a, u, B_row, 1.0, seed, stream, idx_base,
-                   G * K, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base,
+                   recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
+                   a, u, B_row, 1.0, seed, stream, idx_base,
+                   G * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
     if i_v == 0:
@@ -168,7 +170,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
                             BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
-                            INTERPRET=INTERPRET, num_warps=num_warps or 4)
+                            INTERPRET=INTERPRET, ACC=(num_warps or 4) >= 4, num_warps=num_warps or 4)
     return out
 
 
