@@ -113,6 +113,13 @@ def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
+def default_warps(batch: int, heads: int) -> int:
+    """Warps per decode program. Measured on the H200 (bench/results/kernels.json): one warp per
+    (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most
+    bytes per second once the grid is large; 4 warps win only for tiny grids (batch 1)."""
+    return 1 if batch * heads >= 1024 else 4
+
+
 def chunk_k(Dk: int, want: int = 32) -> int:
     """Column chunk of the state walked per loop iteration (a power of 2 >= 16 dividing Dk)."""
     for c in (want, 32, 16):

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k,
+from .common import (default_warps, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k,
                      draft_structure, fold_store, load_records, load_state_chunk, next_pow2,
                      replay_pass, row_select, softplus)
 from . import common
@@ -280,6 +280,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         return out
     BV = _block_v(Dv, B, H, block_v)
     rc, rs, rgs = lv.rc_args()
+    nw = num_warps or default_warps(B, H)
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
@@ -287,7 +288,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, ACC=(num_warps or 4) >= 4, num_warps=num_warps or 4)
+                             INTERPRET=INTERPRET, ACC=nw >= 4, num_warps=nw)
     return out
 
 

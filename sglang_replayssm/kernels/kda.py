@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FOLD_PREC, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fp16_sr,
+from .common import (default_warps, FOLD_PREC, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fp16_sr,
                      load_state_chunk, next_pow2, round_e4m3, softplus)
 from . import common
 
@@ -228,7 +228,7 @@ def _block_v(Dv, block_v):
     if block_v is not None:
         check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
         return block_v
-    return 16
+    return 32
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
@@ -251,13 +251,14 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         return out
     BV = _block_v(Dv, block_v)
     rc, rs, rgs = lv.rc_args()
+    nw = num_warps or default_warps(B, H)
     grid = (triton.cdiv(Dv, BV), H, B)
     _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, num_warps=num_warps or 4)
+                             INTERPRET=INTERPRET, num_warps=nw)
     return out
 
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fold_store,
+from .common import (default_warps, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fold_store,
                      load_records, next_pow2, replay_pass, softplus)
 
 
@@ -163,6 +163,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
         return out
     BV = _block_v(P, block_v)
     rc, rs, rgs = lv.rc_args()
+    nw = num_warps or default_warps(Bn, H)
     grid = (triton.cdiv(P, BV), H, Bn)
     _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
                             lv.cursor, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
@@ -170,7 +171,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
                             BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
-                            INTERPRET=INTERPRET, ACC=(num_warps or 4) >= 4, num_warps=num_warps or 4)
+                            INTERPRET=INTERPRET, ACC=nw >= 4, num_warps=nw)
     return out
 
 

@@ -35,8 +35,9 @@ def compare_pools(pk, pr, layer, read_copy, ckpt):
     close(pk.rec_g[layer], pr.rec_g[layer])
 
 
-@pytest.mark.parametrize("read_copy,ckpt", [("none", "fp32"), ("fp8", "fp32"), ("none", "fp16-sr")])
-def test_decode_window_crossing_flushes(read_copy, ckpt):
+@pytest.mark.parametrize("read_copy,ckpt,warps", [("none", "fp32", 4), ("fp8", "fp32", 1), ("none", "fp16-sr", 1)])
+def test_decode_window_crossing_flushes(read_copy, ckpt, warps):
+    """warps picks the per-chunk-reduce (1-2 warps) or the accumulate (>= 4 warps) variant."""
     g = torch.Generator().manual_seed(1)
     pk = make_pool("gdn", read_copy=read_copy, ckpt=ckpt, gen=g)
     pr = clone_pool(pk)
@@ -50,7 +51,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 5, H, Hk, Dv, Dk)
-        ok = kgdn.decode(pk, layer, slots, **x, **par)
+        ok = kgdn.decode(pk, layer, slots, **x, **par, num_warps=warps)
         orf = rgdn.decode(pr, layer, slots, **x, **par)
         tol = dict(rtol=2e-4, atol=2e-5)
         close(ok[:-1], orf[:-1], **tol)

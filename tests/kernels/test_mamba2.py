@@ -19,8 +19,9 @@ def params(g, H):
                 dt_bias=(torch.randn(H, generator=g) * 0.3).to(DEV))
 
 
-@pytest.mark.parametrize("read_copy,ckpt,z", [("none", "fp32", True), ("fp8", "fp32", False), ("none", "fp16-sr", True)])
-def test_decode_window_crossing_flushes(read_copy, ckpt, z):
+@pytest.mark.parametrize("read_copy,ckpt,z,warps", [("none", "fp32", True, 1), ("fp8", "fp32", False, 4),
+                                                   ("none", "fp16-sr", True, 1)])
+def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps):
     g = torch.Generator().manual_seed(11)
     pk = make_pool("mamba2", read_copy=read_copy, ckpt=ckpt, gen=g)
     pr = clone_pool(pk)
@@ -34,7 +35,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, z):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 4, H, G, P, N, z=z)
-        yk = km2.decode(pk, layer, slots, **x, **par)
+        yk = km2.decode(pk, layer, slots, **x, **par, num_warps=warps)
         yr = rm2.decode(pr, layer, slots, **x, **par)
         close(yk[:-1], yr[:-1])
         compare_pools(pk, pr, layer, read_copy, ckpt)
