@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (default_warps, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fold_store,
+from .common import (default_warps, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, draft_structure,
+                     fold_store, load_state_chunk,
                      load_records, next_pow2, replay_pass, softplus)
 
 
@@ -100,6 +101,74 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
 
 
 @triton.jit
+def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr,
+                      slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                      BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                      HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr):
+    """Output-only verify of T Mamba-2 drafts (chain or tree):
+    y_t = exp(G_t) Sc C_t + sum_{i on the path to t} exp(G_t - G_i) (B_i . C_t) u_i + D x_t;
+    writes the T draft records (u, B, dt A) at cursor.. (no state write)."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_g = i_h // (H // G)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BR)
+    o_t = tl.arange(0, BT)
+    mask_v = o_v < V
+    mask_r = o_r < cur
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    bc_rows = (tok * G + i_g) * K
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * G + i_g) * K
+    ac = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    KrC = tl.zeros([BR, BT], dtype=tl.float32)
+    CB = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Cc = tl.load(C_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        ac += S0[None, :, :] * Cc[:, None, :]
+        KrC += tl.sum(Kr[:, None, :] * Cc[None, :, :], axis=2)
+        CB += tl.sum(Cc[:, None, :] * Bc[None, :, :], axis=2)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SC = gam * tl.sum(ac, axis=2) + tl.sum((KrC * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc C_t
+    mtv = mask_t[:, None] & mask_v[None, :]
+    X = tl.load(x_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
+                  + tl.load(dtb_ptr + i_h).to(tl.float32))
+    Gd = tl.where(mask_t, dt * tl.load(A_ptr + i_h).to(tl.float32), 0.0)
+    U = dt[:, None] * X
+    ANC, LG = draft_structure(par_ptr + i_b * T, Gd, T, BT, HAS_PARENTS)
+    E = tl.where(ANC > 0.0, tl.exp(tl.minimum(LG[:, None] - LG[None, :], 0.0)), 0.0)
+    Y = tl.exp(LG)[:, None] * SC + tl.sum((E * CB)[:, :, None] * U[None, :, :], axis=1)
+    Y = Y + tl.load(D_ptr + i_h).to(tl.float32) * X
+    if HAS_Z:
+        Z = tl.load(z_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+        Y = Y * Z * tl.sigmoid(Z)
+    tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], Y.to(out_ptr.dtype.element_ty), mask=mtv)
+    pos = cur + o_t
+    mpos = mask_t & (pos < R)
+    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :], U.to(recd_ptr.dtype.element_ty),
+             mask=mpos[:, None] & mask_v[None, :])
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + pos) * H + i_h, Gd, mask=mpos)
+        if i_h % (H // G) == 0:
+            for c in range(K // BKC):
+                o_kc = c * BKC + tl.arange(0, BKC)
+                Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0)
+                tl.store(reck_base + pos[:, None] * (G * K) + o_kc[None, :], Bc.to(reck_ptr.dtype.element_ty),
+                         mask=mpos[:, None])
+
+
+@triton.jit
 def _m2_conv_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr,
                     state_ptr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, HAS_Z: tl.constexpr):
@@ -172,6 +241,41 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                             BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
                             INTERPRET=INTERPRET, ACC=nw >= 4, num_warps=nw)
+    return out
+
+
+def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None, *, out=None,
+           block_v=None, block_k=None, num_warps=None):
+    """Output-only verify of T Mamba-2 draft tokens per row (x [B, T, H, P], dt [B, T, H],
+    B/C [B, T, G, N], z [B, T, H, P] or None; parents [B, T] int32 or None for a chain). Writes the
+    draft records at cursor..cursor+T-1 (no state write); returns y [B, T, H, P] in x's dtype.
+    Commit with pool.commit(..., fold=fold)."""
+    if getattr(pool.cfg, "mode", "replay") != "replay":
+        raise ValueError("verify kernels need a pool in mode='replay' (conventional verify keeps snapshots)")
+    lv = LayerViews(pool, layer)
+    Bn = check_slots(slots, lv.device, lv.num_slots)
+    H, G, P, N = lv.H, lv.Hk, lv.Dv, lv.Dk
+    check(x.dim() == 4, f"x must be [B, T, H, P] for verify, got shape {tuple(x.shape)}")
+    T = int(x.shape[1])
+    check(1 <= T and lv.window - 1 + T <= lv.R,
+          f"T={T} drafts do not fit the ring (capacity {lv.R}, window {lv.window})")
+    _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, lv.device, T=T)
+    if parents is not None:
+        check_tensor("parents", parents, shape=(Bn, T), dtype=torch.int32, device=lv.device)
+    if out is None:
+        out = torch.empty((Bn, T, H, P), dtype=x.dtype, device=x.device)
+    check_tensor("out", out, shape=(Bn, T, H, P), device=lv.device)
+    if Bn == 0:
+        return out
+    BV = block_v or 32
+    rc, rs, rgs = lv.rc_args()
+    grid = (triton.cdiv(P, BV), H, Bn)
+    _m2_verify_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x,
+                            parents if parents is not None else slots, out, slots, lv.cursor,
+                            lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
+                            H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
+                            BKC=block_k or chunk_k(N, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                            HAS_PARENTS=parents is not None, HAS_Z=z is not None, num_warps=num_warps or 4)
     return out
 
 

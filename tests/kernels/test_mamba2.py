@@ -76,3 +76,59 @@ def test_conventional_mode_pool_dispatches_to_conventional_kernel():
     par = params(g, H)
     close(km2.decode(pool, 0, slots, **x, **par), rm2.decode(pr, 0, slots, **x, **par))
     close(pool.ckpt, pr.ckpt)
+
+
+def _paths(trees, acc, T):
+    """Root-to-node paths of the accepted depth per row (0 when the tree has no node that deep)."""
+    paths = []
+    for i, a in enumerate(acc):
+        depth = {}
+        for n in range(T):
+            p = trees[i][n]
+            depth[n] = 1 if p < 0 else depth[p] + 1
+        cands = [n for n in range(T) if depth[n] == a]
+        path = []
+        if cands:
+            n = cands[-1]
+            while n >= 0:
+                path.insert(0, n)
+                n = trees[i][n]
+        else:
+            acc[i] = 0
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "fp8")])
+def test_verify_then_commit(tree, read_copy):
+    g = torch.Generator().manual_seed(14 + tree)
+    pk = make_pool("mamba2", read_copy=read_copy, gen=g, max_drafts=4)
+    pr = clone_pool(pk)
+    H, P, N = pk.geo.state_shape
+    G = pk.geo.num_k_heads
+    par = params(g, H)
+    slots_l = [5, 2, 6]
+    slots = torch.tensor(slots_l + [0], dtype=torch.int32, device=DEV)
+    T = 4
+    r = lambda *s: torch.randn(*s, generator=g).to(DEV)
+    x = dict(x=r(4, T, H, P), dt=r(4, T, H), B=r(4, T, G, N), C=r(4, T, G, N), z=r(4, T, H, P))
+    trees = [[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 1], [-1, 0, 1, 2]]
+    parents = torch.tensor(trees, dtype=torch.int32, device=DEV) if tree else None
+    for p in (pk, pr):
+        p.begin_verify(slots_l, T, trees[:3] if tree else None)
+    before = snapshot(pk)
+    yk = km2.verify(pk, 0, slots, **x, **par, parents=parents)
+    yr = rm2.verify(pr, 0, slots, **x, **par, parents=parents)
+    close(yk[:3], yr[:3], rtol=5e-4, atol=5e-5)
+    close(pk.rec_d, pr.rec_d)
+    close(pk.rec_k, pr.rec_k)
+    close(pk.rec_g, pr.rec_g)
+    assert_untouched(before, pk, slots_l)
+    acc = torch.randint(0, T + 1, (3,), generator=g).tolist()
+    paths = _paths(trees, acc, T) if tree else None
+    pk.commit(slots_l, acc, paths, fold=km2.fold)
+    pr.commit(slots_l, acc, paths)
+    assert torch.equal(pk.cursor, pr.cursor) and torch.equal(pk.folded, pr.folded)
+    close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
+    x1 = inputs(g, 4, H, G, P, N)
+    close(km2.decode(pk, 0, slots, **x1, **par)[:3], rm2.decode(pr, 0, slots, **x1, **par)[:3], rtol=5e-4, atol=5e-5)
