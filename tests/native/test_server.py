@@ -28,6 +28,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(fn, timeout=20.0):
+    """Poll fn() until it returns a truthy value (engine stats arrive with its next message)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
 def get(url, timeout=10):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, r.read().decode()
@@ -149,16 +159,17 @@ def test_concurrent_requests_beyond_pool(server, client, reference_engine):
         got = dict(f.result() for f in futs)
     assert got == want
     assert max(seen_waiting) > 0     # the pool was full and requests queued
-    load = json.loads(get(server[0] + "/v1/replayssm/load")[1])
+    load = wait_for(lambda: (lambda d: d if d["running"] == 0 and d["waiting"] == 0 else None)(
+        json.loads(get(server[0] + "/v1/replayssm/load")[1])))
     assert load == {"running": 0, "waiting": 0, "free_slots": SLOTS, "total_slots": SLOTS,
                     "batch_size": load["batch_size"], "cached_prefixes": load["cached_prefixes"]}
 
 
 def test_load_reports_cached_prefixes(server, client):
     client.completions.create(model="m", prompt="a prompt long enough for the prefix cache", max_tokens=2)
-    time.sleep(0.7)
-    load = json.loads(get(server[0] + "/v1/replayssm/load")[1])
-    assert len(load["cached_prefixes"]) == 1
+    load = wait_for(lambda: (lambda d: d if d["cached_prefixes"] else None)(
+        json.loads(get(server[0] + "/v1/replayssm/load")[1])))
+    assert load and len(load["cached_prefixes"]) == 1
     assert all(len(h) == 12 and int(h, 16) >= 0 for h in load["cached_prefixes"])
 
 
@@ -211,8 +222,9 @@ def test_metrics_parse_and_move(server, client):
         assert name in before, name
     every_char = "".join(chr(c) for c in range(32, 127))   # so prompt lookup always finds drafts
     client.completions.create(model="m", prompt=every_char, max_tokens=20, temperature=0)
-    time.sleep(0.7)   # the engine's stats arrive with its next message
-    after = _metrics(server[0])
+    gen = "sglang:generation_tokens_total"
+    after = wait_for(lambda: (lambda m: m if m[gen] >= before[gen] + 20 else None)(_metrics(server[0])))
+    assert after, "engine stats did not arrive"
     for name in ("sglang:generation_tokens_total", "sglang:prompt_tokens_total", "replayssm:flushes_total",
                  "replayssm:nonflush_steps_total", "replayssm:state_bytes_read_total",
                  "replayssm:state_bytes_written_total", "replayssm:conventional_state_bytes_total",
@@ -230,10 +242,5 @@ def test_disconnected_stream_frees_its_slot(server):
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
         r.readline()      # the stream started
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        load = json.loads(get(server[0] + "/v1/replayssm/load")[1])
-        if load["running"] == 0 and load["free_slots"] == SLOTS:
-            break
-        time.sleep(0.2)
-    assert load["running"] == 0 and load["free_slots"] == SLOTS
+    idle = lambda d: d if d["running"] == 0 and d["free_slots"] == SLOTS else None  # noqa: E731
+    assert wait_for(lambda: idle(json.loads(get(server[0] + "/v1/replayssm/load")[1])), timeout=60)
