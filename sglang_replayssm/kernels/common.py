@@ -68,6 +68,41 @@ def nvfp4_code_value(idx):
                     tl.where(idx == 4, 2.0, tl.where(idx == 5, 3.0, tl.where(idx == 6, 4.0, 6.0))))
 
 
+@triton.jit
+def store_nvfp4_chunk(S, rc_ptr, bs_ptr, rows, c, mask_v, gs, K: tl.constexpr, BKC: tl.constexpr,
+                      BV: tl.constexpr, SHARED: tl.constexpr, INTERPRET: tl.constexpr):
+    """NVFP4-quantize column chunk c (whole 16-blocks) of rows of one head (reference.quant.quant_nvfp4):
+    e4m3 block scale bs = e4m3(amax/6/gs), e2m1 code of |x|/(bs*gs) (ties to the lower magnitude),
+    two codes per byte (even element in the low nibble). Returns the dequantized chunk (for shared
+    mode) or S unchanged."""
+    NB: tl.constexpr = BKC // 16
+    S3 = tl.reshape(S, [BV, NB, 16])
+    bamax = tl.max(tl.abs(S3), axis=2)
+    bs = tl.minimum(bamax / 6.0 / gs, 448.0)
+    if INTERPRET:
+        bs = round_e4m3(bs)
+    bs8 = bs.to(tl.float8e4nv)
+    o_b = c * NB + tl.arange(0, NB)
+    tl.store(bs_ptr + rows[:, None] * (K // 16) + o_b[None, :], bs8, mask=mask_v[:, None])
+    denom = bs8.to(tl.float32) * gs
+    y3 = tl.where(denom[:, :, None] > 0.0, S3 / tl.maximum(denom, 1e-38)[:, :, None], 0.0)
+    ay = tl.abs(y3)
+    idx = ((ay > 0.25).to(tl.int32) + (ay > 0.75).to(tl.int32) + (ay > 1.25).to(tl.int32)
+           + (ay > 1.75).to(tl.int32) + (ay > 2.5).to(tl.int32) + (ay > 3.5).to(tl.int32)
+           + (ay > 5.0).to(tl.int32))
+    code = idx | tl.where(y3 < 0.0, 8, 0)
+    code2 = tl.reshape(code, [BV, BKC // 2, 2])
+    lo, hi = tl.split(code2)
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    o_p = c * (BKC // 2) + tl.arange(0, BKC // 2)
+    tl.store(rc_ptr + rows[:, None] * (K // 2) + o_p[None, :], packed, mask=mask_v[:, None])
+    if SHARED:
+        mag = nvfp4_code_value(idx)
+        val = tl.where((code & 8) != 0, -mag, mag) * denom[:, :, None]
+        S = tl.reshape(val, [BV, BKC])
+    return S
+
+
 # ----------------------------------------------------------------------------- fp16 + SR
 @triton.jit
 def _mix32(h):
@@ -154,9 +189,6 @@ class LayerViews:
         self.num_slots = int(self.ckpt.shape[0])
         rc_mode = getattr(cfg, "read_copy", "none")
         self.rc_mode = {"none": RC_NONE, "fp8": RC_FP8, "nvfp4": RC_NVFP4}[rc_mode]
-        if self.rc_mode == RC_NVFP4:
-            raise ValueError("read_copy='nvfp4' is not supported by the Triton kernels yet "
-                             "(use 'none' or 'fp8', or the reference path)")
         self.rc = pool.rc[layer] if self.rc_mode != RC_NONE else None
         self.rc_scale = pool.rc_scale[layer] if self.rc_mode != RC_NONE else None
         self.rc_gscale = pool.rc_gscale[layer] if self.rc_mode == RC_NVFP4 else None
@@ -302,25 +334,31 @@ def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_bas
 
 
 @triton.jit
-def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base, recd_base, recg_base,
-               cnt, gtot, alpha, dcur, k_row, rk, seed, stream, idx_base,
+def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, reck_base, recd_base,
+               recg_base, cnt, gtot, alpha, dcur, k_row, rk, seed, stream, idx_base,
                RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr, K: tl.constexpr,
                BKC: tl.constexpr, BV: tl.constexpr,
                RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_CUR: tl.constexpr,
                INTERPRET: tl.constexpr):
     """Write the folded state S = alpha*(S0 exp(gtot) + sum_j w_j d_j k_j^T) (+ dcur k^T) of rows
-    o_v of one head: checkpoint (fp32, or fp16 with stochastic rounding) and the fp8 read copy
-    (per-row scales need a first pass for the row maxima). Reads S0 from the fp32/fp16 checkpoint."""
+    o_v of one head: checkpoint (fp32, or fp16 with stochastic rounding) and the read copy: fp8
+    (per-row scales need a first pass for the row maxima) or NVFP4 (the per-head global scale needs
+    the whole head in this program: BV >= Dv). Reads S0 from the fp32/fp16 checkpoint."""
     rows = head_rows + o_v
-    if RC == 1:
+    if RC != 0:
         amax = tl.zeros([BV], dtype=tl.float32)
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
             S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
                                  gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
-            amax = tl.maximum(amax, tl.max(tl.abs(S), axis=1))
-        sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
-        tl.store(rs_ptr + rows, sc, mask=mask_v)
+            amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
+        if RC == 1:
+            sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
+            tl.store(rs_ptr + rows, sc, mask=mask_v)
+        else:
+            hmax = tl.max(amax, axis=0)
+            gs = tl.where(hmax == 0.0, 1.0, hmax / (448.0 * 6.0))
+            tl.store(rgs_ptr + i_head, gs)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
         S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
@@ -334,6 +372,8 @@ def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_b
             tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
             if SHARED:
                 S = y8.to(tl.float32) * sc[:, None]
+        if RC == 2:
+            S = store_nvfp4_chunk(S, rc_ptr, rs_ptr, rows, c, mask_v, gs, K, BKC, BV, SHARED, INTERPRET)
         if CKPT_SR:
             idx = idx_base + (o_v[:, None] * K + o_kc[None, :]).to(tl.int64)
             tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask_v[:, None])
@@ -378,7 +418,7 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
         gtot = tl.sum(Gr, axis=0)
         stream = tl.load(folded_ptr + slot) + cnt
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, o_v, mask_v,
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v,
                    reck_ptr + (slot * R * HK + i_hk) * K, recd_ptr + (slot * R * H + i_h) * V,
                    recg_ptr + slot * R * H + i_h, cnt, gtot, 1.0,
                    tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
@@ -402,6 +442,9 @@ def fold(pool, layer: int, slots, counts, per_channel: bool,
     if B == 0:
         return
     BV = block_v or 16
+    BKC = chunk_k(lv.Dk)
+    if lv.rc_mode == RC_NVFP4:  # the per-head global scale needs the whole head in one program
+        BV, BKC, num_warps = next_pow2(lv.Dv), 16, max(num_warps, 8)
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(lv.Dv, BV), lv.H, B)
@@ -411,7 +454,7 @@ def fold(pool, layer: int, slots, counts, per_channel: bool,
         kern = _fold_kernel
     kern[grid](slots, counts, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
                lv.rec_g, lv.seed, lv.layer,
-               H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BKC=chunk_k(lv.Dk), BR=BR,
+               H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BKC=BKC, BR=BR,
                RC=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant,
                INTERPRET=INTERPRET, num_warps=num_warps)
 

@@ -85,7 +85,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     if is_flush:  # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
         stream = tl.load(folded_ptr + slot) + cur + 1
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base,
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                    recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                    alpha, d, k_row, rk, seed, stream, idx_base,
                    HK * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
@@ -279,8 +279,11 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     if B == 0:
         return out
     BV = _block_v(Dv, B, H, block_v)
-    rc, rs, rgs = lv.rc_args()
     nw = num_warps or default_warps(B, H)
+    if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
+        BV = next_pow2(lv.Dv)
+        nw, block_k = max(nw, 8), block_k or 16
+    rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,

@@ -88,7 +88,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     if is_flush:  # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
         stream = tl.load(folded_ptr + slot) + cur + 1
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, o_v, mask_v, reck_base,
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                    recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                    a, u, B_row, 1.0, seed, stream, idx_base,
                    G * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
@@ -231,8 +231,11 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     if Bn == 0:
         return out
     BV = _block_v(P, block_v)
-    rc, rs, rgs = lv.rc_args()
     nw = num_warps or default_warps(Bn, H)
+    if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
+        BV = next_pow2(lv.Dv)
+        nw, block_k = max(nw, 8), block_k or 16
+    rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(P, BV), H, Bn)
     _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
                             lv.cursor, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,

@@ -25,6 +25,14 @@ def compare_pools(pk, pr, layer, read_copy, ckpt):
         close(pk.ckpt[layer], pr.ckpt[layer], rtol=2e-3, atol=2e-3)
     else:
         close(pk.ckpt[layer], pr.ckpt[layer])
+    if read_copy == "nvfp4":
+        from sglang_replayssm.reference.quant import dequant_nvfp4
+        same = (pk.rc[layer] == pr.rc[layer]).float().mean().item()
+        assert same > 0.98, f"only {same:.4f} of nvfp4 code bytes equal"
+        dk = dequant_nvfp4(pk.rc[layer], pk.rc_scale[layer], pk.rc_gscale[layer])
+        dr = dequant_nvfp4(pr.rc[layer], pr.rc_scale[layer], pr.rc_gscale[layer])
+        close(pk.rc_gscale[layer], pr.rc_gscale[layer])
+        assert ((dk - dr).abs() > 1e-5).float().mean().item() < 0.02
     if read_copy == "fp8":
         same = (pk.rc[layer].view(torch.uint8) == pr.rc[layer].view(torch.uint8)).float().mean().item()
         assert same > 0.99, f"only {same:.4f} of fp8 codes equal"
@@ -35,7 +43,8 @@ def compare_pools(pk, pr, layer, read_copy, ckpt):
     close(pk.rec_g[layer], pr.rec_g[layer])
 
 
-@pytest.mark.parametrize("read_copy,ckpt,warps", [("none", "fp32", 4), ("fp8", "fp32", 1), ("none", "fp16-sr", 1)])
+@pytest.mark.parametrize("read_copy,ckpt,warps", [("none", "fp32", 4), ("fp8", "fp32", 1), ("none", "fp16-sr", 1),
+                                                 ("nvfp4", "fp32", 1)])
 def test_decode_window_crossing_flushes(read_copy, ckpt, warps):
     """warps picks the per-chunk-reduce (1-2 warps) or the accumulate (>= 4 warps) variant."""
     g = torch.Generator().manual_seed(1)
@@ -94,8 +103,7 @@ def test_conventional_decode():
         assert torch.equal(state[s], before[s])
 
 
-@pytest.mark.parametrize("tree", [False, True])
-@pytest.mark.parametrize("read_copy", ["none", "fp8"])
+@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "none"), (False, "fp8"), (True, "nvfp4")])
 def test_verify_then_commit(tree, read_copy):
     g = torch.Generator().manual_seed(4 + tree)
     pk = make_pool("gdn", read_copy=read_copy, gen=g, max_drafts=4)
@@ -150,6 +158,9 @@ def test_verify_then_commit(tree, read_copy):
     close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
     if read_copy == "fp8":
         close(pk.rc.float() * pk.rc_scale[..., None], pr.rc.float() * pr.rc_scale[..., None], rtol=0.07, atol=1e-3)
+    if read_copy == "nvfp4":
+        assert (pk.rc == pr.rc).float().mean().item() > 0.98
+        close(pk.rc_gscale, pr.rc_gscale)
     # the committed state decodes the same next token
     x1 = inputs(g, 5, H, Hk, Dv, Dk)
     close(kgdn.decode(pk, 1, slots, **x1, **par)[:4], rgdn.decode(pr, 1, slots, **x1, **par)[:4],

@@ -20,7 +20,7 @@ def params(g, H):
 
 
 @pytest.mark.parametrize("read_copy,ckpt,z,warps", [("none", "fp32", True, 1), ("fp8", "fp32", False, 4),
-                                                   ("none", "fp16-sr", True, 1)])
+                                                   ("none", "fp16-sr", True, 1), ("nvfp4", "fp32", True, 4)])
 def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps):
     g = torch.Generator().manual_seed(11)
     pk = make_pool("mamba2", read_copy=read_copy, ckpt=ckpt, gen=g)
