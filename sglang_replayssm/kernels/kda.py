@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (default_warps, FOLD_PREC, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fp16_sr,
+from .common import (default_warps, draft_structure, row_select, FOLD_PREC, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fp16_sr,
                      load_state_chunk, next_pow2, round_e4m3, softplus)
 from . import common
 
@@ -182,6 +182,112 @@ def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr
 
 
 @triton.jit
+def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
+                       slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                       recd_ptr, reck_ptr, recg_ptr, scale,
+                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                       BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
+    """Output-only verify of T KDA drafts (chain or tree). Per key channel c, with G the committed
+    records' cumulative log-decay and L_t the drafts' along the path to t:
+    S'_t x = S0 (exp(G + L_t) x) + sum_j d_j (k_j exp(G - G_j + L_t)) . x
+             + sum_{i strict ancestor of t} d_i (k_i exp(L_t - L_i)) . x,
+    d_t = beta_t (v_t - S'_t k_t) (forward substitution), o_t = S'_t q_t + d_t (k_t . q_t)."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BR)
+    o_t = tl.arange(0, BT)
+    mask_v = o_v < V
+    mask_r = o_r < cur
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    qk_rows = (tok * HK + i_hk) * K
+    alog = tl.load(alog_ptr + i_h).to(tl.float32)
+    nq = tl.zeros([BT], dtype=tl.float32)
+    nk = tl.zeros([BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        nq += tl.sum(Qc * Qc, axis=1)
+        nk += tl.sum(Kc * Kc, axis=1)
+    rq = scale / tl.sqrt(nq + EPS)
+    rk = 1.0 / tl.sqrt(nk + EPS)
+    ANC, _lg = draft_structure(par_ptr + i_b * T, tl.zeros([BT], dtype=tl.float32), T, BT, HAS_PARENTS)
+    anc3 = ANC[:, :, None] > 0.0                                   # [t, i, 1]
+    strict3 = anc3 & (o_t[:, None, None] != o_t[None, :, None])
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    aq = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    ak = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    KrQ = tl.zeros([BR, BT], dtype=tl.float32)
+    KrK = tl.zeros([BR, BT], dtype=tl.float32)
+    PQ = tl.zeros([BT, BT], dtype=tl.float32)
+    PK = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        ac = tl.load(a_ptr + (tok[:, None] * H + i_h) * K + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        gd = -tl.exp(alog) * softplus(ac + tl.load(dtb_ptr + i_h * K + o_kc).to(tl.float32)[None, :])
+        gd = tl.where(mask_t[:, None], gd, 0.0)                                            # [t, c]
+        LGc = tl.sum(tl.where(anc3, gd[None, :, :], 0.0), axis=1)                           # path sums [t, c]
+        Gr = tl.load(recg_ptr + ((slot * R + o_r[:, None]) * H + i_h) * K + o_kc[None, :], mask=mask_r[:, None],
+                     other=0.0)
+        gtot = tl.sum(Gr, axis=0)
+        Wr = tl.where(mask_r[:, None], tl.exp(gtot[None, :] - tl.cumsum(Gr, axis=0)), 0.0)
+        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32) * Wr
+        eL = tl.exp(LGc)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        qL = Qc * eL
+        kL = Kc * eL
+        aq += S0[None, :, :] * (qL * tl.exp(gtot)[None, :])[:, None, :]
+        ak += S0[None, :, :] * (kL * tl.exp(gtot)[None, :])[:, None, :]
+        KrQ += tl.sum(Kr[:, None, :] * qL[None, :, :], axis=2)
+        KrK += tl.sum(Kr[:, None, :] * kL[None, :, :], axis=2)
+        dec = tl.exp(tl.where(anc3, LGc[:, None, :] - LGc[None, :, :], 0.0))               # [t, i, c]
+        PQ += tl.sum(tl.where(anc3, Qc[:, None, :] * Kc[None, :, :] * dec, 0.0), axis=2)
+        PK += tl.sum(tl.where(strict3, Kc[:, None, :] * Kc[None, :, :] * dec, 0.0), axis=2)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    SQ = tl.sum(aq, axis=2) + tl.sum(KrQ[:, :, None] * Dr[:, None, :], axis=0)
+    SK = tl.sum(ak, axis=2) + tl.sum(KrK[:, :, None] * Dr[:, None, :], axis=0)
+    Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
+                 mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    beta = tl.sigmoid(tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32))
+    RHS = Vd - SK
+    Dd = tl.zeros([BT, BV], dtype=tl.float32)
+    for t in tl.static_range(T):
+        corr = tl.sum(row_select(PK, t, o_t)[:, None] * Dd, axis=0)
+        bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
+        dt = bt * (row_select(RHS, t, o_t) - corr)
+        Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
+    O = SQ + tl.sum(PQ[:, :, None] * Dd[None, :, :], axis=1)
+    tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
+             mask=mask_t[:, None] & mask_v[None, :])
+    pos = cur + o_t
+    mpos = mask_t & (pos < R)
+    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
+             Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
+    if i_v == 0:
+        for c in range(K // BKC):
+            o_kc = c * BKC + tl.arange(0, BKC)
+            ac = tl.load(a_ptr + (tok[:, None] * H + i_h) * K + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+            gd = -tl.exp(alog) * softplus(ac + tl.load(dtb_ptr + i_h * K + o_kc).to(tl.float32)[None, :])
+            tl.store(recg_ptr + ((slot * R + pos[:, None]) * H + i_h) * K + o_kc[None, :], gd, mask=mpos[:, None])
+            if i_h % (H // HK) == 0:
+                Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_ptr.dtype.element_ty),
+                         mask=mpos[:, None])
+
+
+@triton.jit
 def _kda_conv_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                      state_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, BV: tl.constexpr, EPS: tl.constexpr):
@@ -259,6 +365,41 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
                              INTERPRET=INTERPRET, num_warps=nw)
+    return out
+
+
+def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
+           out=None, block_v=None, block_k=None, num_warps=None):
+    """Output-only verify of T KDA draft tokens per row (q/k [B, T, Hk, Dk], v [B, T, H, Dv],
+    a [B, T, H, Dk], b [B, T, H]; parents [B, T] int32 or None for a chain). Writes the draft records
+    at cursor..cursor+T-1 (no state write); returns out [B, T, H, Dv]. Commit: pool.commit(fold=fold)."""
+    if getattr(pool.cfg, "mode", "replay") != "replay":
+        raise ValueError("verify kernels need a pool in mode='replay' (conventional verify keeps snapshots)")
+    lv = LayerViews(pool, layer)
+    check(lv.rc_mode != common.RC_NVFP4, "KDA kernels support read_copy 'none' and 'fp8'")
+    B = check_slots(slots, lv.device, lv.num_slots)
+    H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
+    check(q.dim() == 4, f"q must be [B, T, Hk, Dk] for verify, got shape {tuple(q.shape)}")
+    T = int(q.shape[1])
+    check(1 <= T and lv.window - 1 + T <= lv.R,
+          f"T={T} drafts do not fit the ring (capacity {lv.R}, window {lv.window})")
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device, T=T)
+    if parents is not None:
+        check_tensor("parents", parents, shape=(B, T), dtype=torch.int32, device=lv.device)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = torch.empty((B, T, H, Dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", out, shape=(B, T, H, Dv), device=lv.device)
+    if B == 0:
+        return out
+    BV = block_v or 16
+    rc, rs, rgs = lv.rc_args()
+    grid = (triton.cdiv(Dv, BV), H, B)
+    _kda_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias, parents if parents is not None else slots, out,
+                             slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
+                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
+                             BKC=block_k or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps or 4)
     return out
 
 

@@ -67,3 +67,39 @@ def test_conventional_decode():
     close(state[[3, 5]], rs[[0, 2]])
     for s in (1, 2, 4):
         assert torch.equal(state[s], before[s])
+
+
+@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "fp8")])
+def test_verify_then_commit(tree, read_copy):
+    from .test_mamba2 import _paths
+    g = torch.Generator().manual_seed(24 + tree)
+    pk = make_pool("kda", read_copy=read_copy, gen=g, max_drafts=4)
+    pr = clone_pool(pk)
+    H, Dv, Dk = pk.geo.state_shape
+    Hk = pk.geo.num_k_heads
+    par = params(g, H, Dk)
+    slots_l = [3, 6, 1]
+    slots = torch.tensor(slots_l + [0], dtype=torch.int32, device=DEV)
+    T = 4
+    r = lambda *s: torch.randn(*s, generator=g).to(DEV)
+    x = dict(q=r(4, T, Hk, Dk), k=r(4, T, Hk, Dk), v=r(4, T, H, Dv), a=r(4, T, H, Dk), b=r(4, T, H))
+    trees = [[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 1], [-1, 0, 1, 2]]
+    parents = torch.tensor(trees, dtype=torch.int32, device=DEV) if tree else None
+    for p in (pk, pr):
+        p.begin_verify(slots_l, T, trees[:3] if tree else None)
+    before = snapshot(pk)
+    ok = kkda.verify(pk, 0, slots, **x, **par, parents=parents)
+    orf = rkda.verify(pr, 0, slots, **x, **par, parents=parents)
+    close(ok[:3], orf[:3], rtol=5e-4, atol=5e-5)
+    close(pk.rec_d, pr.rec_d, rtol=5e-4, atol=5e-5)
+    close(pk.rec_k, pr.rec_k)
+    close(pk.rec_g, pr.rec_g)
+    assert_untouched(before, pk, slots_l)
+    acc = torch.randint(0, T + 1, (3,), generator=g).tolist()
+    paths = _paths(trees, acc, T) if tree else None
+    pk.commit(slots_l, acc, paths, fold=kkda.fold)
+    pr.commit(slots_l, acc, paths)
+    assert torch.equal(pk.cursor, pr.cursor) and torch.equal(pk.folded, pr.folded)
+    close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
+    x1 = inputs(g, 4, H, Hk, Dv, Dk)
+    close(kkda.decode(pk, 0, slots, **x1, **par)[:3], rkda.decode(pr, 0, slots, **x1, **par)[:3], rtol=5e-4, atol=5e-5)
