@@ -80,3 +80,10 @@ def load(path=None, root: Path | None = None) -> dict:
     tr = _join(root, [f for f in files if not is_heldout(f)])
     he = _join(root, [f for f in files if is_heldout(f)])
     return {"train": _tokens(*tr), "heldout": _tokens(*he), "source": str(root)}
+
+
+def heldout(root: Path | None = None, max_tokens: int | None = None) -> torch.Tensor:
+    """The held-out tokens only (reads just the held-out files of this Python's standard library)."""
+    root = Path(root or stdlib_dir())
+    toks = _tokens(*_join(root, [f for f in stdlib_files(root) if is_heldout(f)]))
+    return toks if max_tokens is None else toks[:max_tokens]
