@@ -238,7 +238,7 @@ def run_sglang_replay(geo, B, state, slots, inp, nslots):
     return steps
 
 
-def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base):
+def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method="fma"):
     """One verify of T chain drafts + the commit fold of rows that reach the window (all drafts
     accepted: the most folds) + the on-device cursor update, per step; L steps per graph."""
     mod = module(geo)
@@ -251,7 +251,8 @@ def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base):
     bv, bk, nw = cfg
 
     def f():
-        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=bk, num_warps=nw)
+        kw = {"method": method} if geo["family"] == "gdn" else {}
+        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=bk, num_warps=nw, **kw)
         c = pool.cursor[slots.long()] + T
         full = c >= L
         counts.copy_(torch.where(full, c, torch.zeros_like(c)))
@@ -425,19 +426,22 @@ def main():
                 if ms:
                     nb = bytes_replay(geo, B, "none")
                     record(geo=name, B=B, kernel="sglang_replayssm", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
-            if hasattr(module(geo), "verify") and (B == 256 or geo["name"] == "gdn_qwen35_4b"):
+            if hasattr(module(geo), "verify") and (B == 256 or geo["name"] == "gdn_qwen35_4b"):  # all families
                 base = torch.randperm(B, device=DEV) % L
                 E = geo["H"] * geo["Dv"] * geo["Dk"]
                 for T in range(1, 9):
                     inp_t = make_inputs(geo, B, T=T)
-                    for vcfg in ([(32, 16, 4), (64, 16, 8)] if (B == 256 and T in (1, 8)) else [(32, 16, 4)]):
-                        steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, vcfg, base)
+                    variants = [((32, 16, 4), "fma")]
+                    if B == 256 and T in (1, 4, 8) and geo["family"] == "gdn":
+                        variants.append(((32, 16, 4), "mma"))
+                    for vcfg, method in variants:
+                        steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, vcfg, base, method)
                         ms = timed(bench_graph, steps, rep)
                         reset()
                         if not ms:
                             continue
                         nb = B * (E * 4 * (1 + T / L) + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
-                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + ("" if vcfg == (32, 16, 4) else "_bv64"),
+                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + ("" if method == "fma" else "_mma"),
                                ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T, config=list(vcfg),
                                note=f"{ms / T:.4f} ms/draft")
                 pool.cursor = curs[0]

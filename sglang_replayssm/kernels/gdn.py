@@ -224,6 +224,99 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
 
 
 @triton.jit
+def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
+                           slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                           recd_ptr, reck_ptr, recg_ptr, scale,
+                           H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                           R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                           BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
+    """The same verify as _gdn_verify_kernel, with the state-sized products on tensor cores: the
+    drafts' q (rows 0..BT-1) and k (rows BT..2BT-1) are stacked into one operand X (BT >= 8, so
+    X has >= 16 rows) and S0 X^T, K_r X^T, X X^T are three dots per column chunk (3xTF32 default)."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BR)
+    o_t = tl.arange(0, BT)
+    mask_v = o_v < V
+    mask_r = o_r < cur
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    o_x = tl.arange(0, 2 * BT)
+    is_q = o_x < BT
+    t_x = tl.where(is_q, o_x, o_x - BT)
+    mask_x = t_x < T
+    x_rows = ((i_b * T + t_x) * HK + i_hk) * K
+    x_base = tl.where(is_q, q_ptr + x_rows, k_ptr + x_rows)
+    nx = tl.zeros([2 * BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
+        nx += tl.sum(Xc * Xc, axis=1)
+    rx = tl.where(is_q, scale, 1.0) / tl.sqrt(nx + EPS)
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)
+    KrX = tl.zeros([BR, 2 * BT], dtype=tl.float32)
+    XX = tl.zeros([2 * BT, 2 * BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32) * rx[:, None]
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        S0X += tl.dot(Xc, tl.trans(S0), input_precision=PREC)
+        KrX += tl.dot(Kr, tl.trans(Xc), input_precision=PREC)
+        XX += tl.dot(Xc, tl.trans(Xc), input_precision=PREC)
+    S0Q, S0K = tl.split(tl.permute(tl.reshape(S0X, [2, BT, BV]), (1, 2, 0)))
+    KrQ, KrK = tl.split(tl.permute(tl.reshape(KrX, [BR, 2, BT]), (0, 2, 1)))
+    XXq, XXk = tl.split(tl.permute(tl.reshape(XX, [2, BT, 2 * BT]), (1, 2, 0)))
+    _qq, QK = tl.split(tl.permute(tl.reshape(XXq, [BT, 2, BT]), (0, 2, 1)))
+    _kq, KK = tl.split(tl.permute(tl.reshape(XXk, [BT, 2, BT]), (0, 2, 1)))
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SQ = gam * S0Q + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
+    SK = gam * S0K + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
+    Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
+                 mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
+    G = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    G = tl.where(mask_t, G, 0.0)
+    beta = tl.sigmoid(bv)
+    ANC, LG = draft_structure(par_ptr + i_b * T, G, T, BT, HAS_PARENTS)
+    E = tl.where(ANC > 0.0, tl.exp(tl.minimum(LG[:, None] - LG[None, :], 0.0)), 0.0)
+    M = tl.where(o_t[:, None] == o_t[None, :], 0.0, E * KK)
+    RHS = Vd - tl.exp(LG)[:, None] * SK
+    Dd = tl.zeros([BT, BV], dtype=tl.float32)
+    for t in tl.static_range(T):
+        corr = tl.sum(row_select(M, t, o_t)[:, None] * Dd, axis=0)
+        bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
+        dt = bt * (row_select(RHS, t, o_t) - corr)
+        Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
+    O = tl.exp(LG)[:, None] * SQ + tl.sum((E * QK)[:, :, None] * Dd[None, :, :], axis=1)
+    tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
+             mask=mask_t[:, None] & mask_v[None, :])
+    pos = cur + o_t
+    mpos = mask_t & (pos < R)
+    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
+             Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
+        if i_h % (H // HK) == 0:
+            qk_rows = (tok * HK + i_hk) * K
+            _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
+            for c in range(K // BKC):
+                o_kc = c * BKC + tl.arange(0, BKC)
+                Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_ptr.dtype.element_ty),
+                         mask=mpos[:, None])
+
+
+@triton.jit
 def _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, i_hk, o_k, mask_k,
                o_v, mask_v, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, EPS: tl.constexpr):
@@ -296,7 +389,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
 
 
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
-           out=None, block_v=None, block_k=None, num_warps=None):
+           out=None, block_v=None, block_k=None, num_warps=None, method="fma"):
     """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
     or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
     returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below)."""
@@ -319,6 +412,16 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     BV = block_v or 32
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
+    check(method in ("fma", "mma"), f"method must be 'fma' or 'mma', got {method!r}")
+    if method == "mma":  # tensor-core variant (3xTF32 on the GPU; not yet timed on the H200)
+        _gdn_verify_mma_kernel[grid](q, k, v, a, b, A_log, dt_bias,
+                                     parents if parents is not None else slots, out, slots, lv.cursor,
+                                     lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
+                                     H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(8, next_pow2(T)), BV=BV,
+                                     BKC=block_k or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)),
+                                     RC=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS,
+                                     PREC="ieee" if INTERPRET else "tf32x3", num_warps=num_warps or 4)
+        return out
     _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                              parents if parents is not None else slots, out, slots, lv.cursor,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,

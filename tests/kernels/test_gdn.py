@@ -103,8 +103,9 @@ def test_conventional_decode():
         assert torch.equal(state[s], before[s])
 
 
-@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "none"), (False, "fp8"), (True, "nvfp4")])
-def test_verify_then_commit(tree, read_copy):
+@pytest.mark.parametrize("tree,read_copy,method", [(False, "none", "fma"), (True, "none", "fma"), (False, "fp8", "fma"),
+                                                  (True, "nvfp4", "fma"), (True, "fp8", "mma")])
+def test_verify_then_commit(tree, read_copy, method):
     g = torch.Generator().manual_seed(4 + tree)
     pk = make_pool("gdn", read_copy=read_copy, gen=g, max_drafts=4)
     pr = clone_pool(pk)
@@ -122,7 +123,7 @@ def test_verify_then_commit(tree, read_copy):
     for p in (pk, pr):
         p.begin_verify(slots_l, T, None if parents is None else parents[:4].tolist())
     before = snapshot(pk)
-    ok = kgdn.verify(pk, 1, slots, **x, **par, parents=parents)
+    ok = kgdn.verify(pk, 1, slots, **x, **par, parents=parents, method=method)
     orf = rgdn.verify(pr, 1, slots, **x, **par, parents=parents)
     close(ok[:4], orf[:4], rtol=5e-4, atol=5e-5)
     close(pk.rec_d, pr.rec_d, rtol=5e-4, atol=5e-5)
