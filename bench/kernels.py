@@ -362,7 +362,7 @@ def main():
         timed(gpu_checks)
     batches = [int(b) for b in args.batches.split(",")]
     geos = GEOMS if args.geos == "all" else [g for g in GEOMS if g["name"] in args.geos.split(",")]
-    rcfgs = [(32, 32, 4)] if args.quick else [(32, 32, 1), (32, 64, 2), (32, 32, 4), (128, 32, 8)]
+    rcfgs = [(32, 32, 4)] if args.quick else [(32, 32, 1), (64, 16, 2), (32, 32, 4), (128, 32, 8)]
     ccfgs = [(16, None, 2)] if args.quick else [(32, None, 8), (16, None, 2)]
     for geo in geos:
         if module(geo) is None:
