@@ -298,17 +298,16 @@ def plot(results: dict, path: Path):
                 continue
             ls = styles["shared"] if name.startswith("shared") else styles["fp16sr" if "fp16sr" in name else "fp32"]
             ax.errorbar(mids, e["kl"], yerr=e["kl_stderr"], ls=ls, marker="o", ms=3, capsize=2, label=name)
-        ax.axhline(0.0038, color="grey", lw=0.8)
-        ax.text(mids[0], 0.0038 * 1.1, "0.0038", color="grey", fontsize=8)
+        ax.axhline(0.0038, color="grey", lw=0.8, label="target 0.0038")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("position (tokens, bucket geometric mid)")
         ax.set_ylabel("KL(fp32 || config), nats/token")
         ax.set_title(f"{fam}: {r['params'] / 1e6:.1f} M params, L={r['window']}, {r['streams']} streams")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 def main(argv=None):
