@@ -93,9 +93,10 @@ def choose(loads: Dict[str, int], matches: Dict[str, int], cfg: PolicyConfig,
             full = sorted((r for r in rest if r not in filling), key=lambda r: (loads[r], pos[r]))
             return first + full, PACK
         ranked = sorted(rest, key=lambda r: (loads[r], pos[r]))
-        if cfg.spill == "power_of_two" and len(ranked) > 2:
-            a, b = (rng or random).sample(rest, 2)
-            pick = min((a, b), key=lambda r: (loads[r], pos[r]))
+        if cfg.spill == "power_of_two" and len(ranked) >= 2:
+            g = rng or random
+            a, b = g.sample(rest, 2)
+            pick = min((a, b), key=lambda r: (loads[r], g.random()))  # ties: random, as Serve's default
             ranked = [pick] + [r for r in ranked if r != pick]
         return ranked, SPILL
 

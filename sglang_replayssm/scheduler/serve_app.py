@@ -59,6 +59,8 @@ class SchedulerOptions:
     log_dir: Optional[str] = None
     ray_metrics_port: Optional[int] = None
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    # Serve request router class; benchmarks swap in Serve's stock power-of-two router as a baseline
+    request_router_class: str = ROUTER_CLASS
 
     def validate(self) -> "SchedulerOptions":
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
@@ -228,8 +230,8 @@ def build_app(opts: SchedulerOptions):
         graceful_shutdown_timeout_s=5,
         ray_actor_options={"num_cpus": opts.replica_num_cpus, "num_gpus": opts.replica_num_gpus},
         request_router_config=RequestRouterConfig(
-            request_router_class=ROUTER_CLASS,
-            request_router_kwargs=dataclasses.asdict(opts.policy),
+            request_router_class=opts.request_router_class,
+            request_router_kwargs=dataclasses.asdict(opts.policy) if opts.request_router_class == ROUTER_CLASS else {},
             request_routing_stats_period_s=opts.stats_period_s,
             request_routing_stats_timeout_s=10.0,
         ),
