@@ -253,11 +253,15 @@ class HybridModel:
         layer = self.attn_index[i]
         ctx.kv.write(layer, slots, pos, k, v)
         K_, V_ = ctx.kv.read(layer, slots, max_len)                            # [B, L, Hkv, D]
-        mask = torch.arange(max_len, device=pos.device)[None, None, :] <= positions[:, :, None]
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), K_.transpose(1, 2), V_.transpose(1, 2), attn_mask=mask[:, None],
-            scale=D ** -0.5, enable_gqa=H != Hkv)
-        o = o.transpose(1, 2).reshape(B, T, H * D)
+        # grouped-query attention without copying K/V per query head: the G = H / Hkv query heads of
+        # a KV head become G query rows of that KV head (row t * G + g: token t, head kv * G + g)
+        G = H // Hkv
+        qg = q.view(B, T, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, T * G, D)
+        mask = torch.arange(max_len, device=pos.device)[None, None, :] <= positions[:, :, None]   # [B, T, L]
+        mask = mask.repeat_interleave(G, dim=1)[:, None]                                          # [B, 1, T*G, L]
+        o = F.scaled_dot_product_attention(qg, K_.transpose(1, 2), V_.transpose(1, 2), attn_mask=mask,
+                                           scale=D ** -0.5)                                       # [B, Hkv, T*G, D]
+        o = o.view(B, Hkv, T, G, D).permute(0, 2, 1, 3, 4).reshape(B, T, H * D)
         if gate is not None:
             o = o * torch.sigmoid(gate)
         return linear(o, w[p + "o"], w.get(p + "o_bias"))

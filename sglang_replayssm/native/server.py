@@ -61,6 +61,7 @@ class EngineClient:
         self.info: dict = {}
         self.stats: dict = {}
         self.ready = False
+        self.failed: str | None = None   # why the engine did not start
         self._tasks: list[asyncio.Task] = []
 
     async def start(self, timeout: float = 600.0) -> dict:
@@ -118,13 +119,19 @@ class EngineClient:
         finally:
             self.queues.pop(rid, None)
             if not done and self.ready:   # client went away: free the slot
-                await self.push.send_pyobj({"type": "abort", "rid": rid})
+                try:
+                    await self.push.send_pyobj({"type": "abort", "rid": rid}, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
 
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
         if self.proc.is_alive():
-            await self.push.send_pyobj({"type": "shutdown"})
+            try:   # never wait on an engine that is not reading (e.g. one that failed to start)
+                await self.push.send_pyobj({"type": "shutdown"}, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
             for _ in range(50):
                 if not self.proc.is_alive():
                     break
@@ -218,6 +225,7 @@ def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
         try:
             info = await client.start()
         except RuntimeError as e:
+            client.failed = str(e)
             print(f"sglang-replayssm: error: the engine failed to start: {e}", file=sys.stderr, flush=True)
             await client.close()
             raise
@@ -384,3 +392,5 @@ def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_leve
     app = create_app(client, banner)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
+    if client.failed:
+        sys.exit(1)
