@@ -99,17 +99,25 @@ class Timer:
         return (time.perf_counter() - t) * 1e3 / iters
 
 
+MODES = {"conventional": ("conventional", "none"), "replay": ("replay", "none"), "replay-fp8": ("replay", "fp8")}
+
+
 def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, kernels, seed=0):
+    """Pool (mode: conventional | replay | replay-fp8), KV cache and SSM ops for `batch` sequences."""
+    pool_mode, read_copy = MODES[mode]
     geo = SSMGeometry(family=cfg.family, num_heads=cfg.ssm_heads, head_v_dim=cfg.ssm_head_v_dim,
                       head_k_dim=cfg.ssm_head_k_dim, num_k_heads=cfg.ssm_k_heads, conv_dim=cfg.conv_dim,
                       conv_kernel=cfg.conv_kernel)
-    pool = ReplayStatePool(geo, cfg.num_ssm_layers, batch, ReplayConfig(window=window, max_drafts=max_drafts, mode=mode),
-                           device=device, act_dtype=model.dtype)
+    rcfg = ReplayConfig(window=window, max_drafts=max_drafts, mode=pool_mode, read_copy=read_copy)
+    pool = ReplayStatePool(geo, cfg.num_ssm_layers, batch, rcfg, device=device, act_dtype=model.dtype)
     slots = pool.alloc(batch)
     g = torch.Generator(device=device).manual_seed(seed)
     pool.ckpt.normal_(0.0, 0.02, generator=g)
     pool.conv.normal_(0.0, 0.5, generator=g)
-    if mode == "replay":   # staggered rings: row b holds b % window committed records
+    if pool.rc is not None:   # read copy of the random checkpoints (scale 1: values are small)
+        for layer in range(pool.num_layers):
+            pool.rc[layer].copy_(pool.ckpt[layer].to(pool.rc.dtype))
+    if pool_mode == "replay":   # staggered rings: row b holds b % window committed records
         pool.rec_d.normal_(0.0, 0.02, generator=g)
         pool.rec_k.normal_(0.0, 0.1, generator=g)
         pool.rec_g.uniform_(-0.1, 0.0, generator=g)
@@ -135,20 +143,7 @@ def decode_bench(cfg, model, batch, mode, args, device, timer):
 
     for _ in range(2):
         step()
-    graph = None
-    if args.cuda_graph and timer.cuda:
-        try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                step()
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-        except Exception as e:   # noqa: BLE001 - report and fall back to eager
-            print(f"    cuda graph capture failed ({type(e).__name__}: {e}); timing eager", flush=True)
-            graph = None
+    graph = capture(step, timer, args.cuda_graph)
     run = graph.replay if graph is not None else step
     for _ in range(3):
         run()
@@ -156,15 +151,34 @@ def decode_bench(cfg, model, batch, mode, args, device, timer):
     sizes = traffic.StateSizes.of(st.pool)
     rd = wr = 0
     for b in range(batch):   # one full window: every row goes through every ring phase once
-        for c in range(args.window if mode == "replay" else 1):
+        for c in range(args.window if mode != "conventional" else 1):
             r, w = traffic.decode_bytes(sizes, mode == "conventional", c, c + 1 >= args.window)
             rd, wr = rd + r, wr + w
-    phases = args.window if mode == "replay" else 1
+    phases = args.window if mode != "conventional" else 1
     state_bytes = (rd + wr) / phases
     out = {"ms": ms, "graph": graph is not None, "backend": st.ops.backend, "state_bytes_per_step": state_bytes,
            "state_GBps": state_bytes / (ms * 1e-3) / 1e9, "tokens_per_s": batch / (ms * 1e-3)}
     del st, graph
     return out
+
+
+def capture(step, timer, enabled: bool):
+    """A CUDA graph of step() (warmed up on a side stream), or None (CPU, disabled, or capture failed)."""
+    if not (enabled and timer.cuda):
+        return None
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return graph
+    except Exception as e:   # noqa: BLE001 - report and fall back to eager
+        print(f"    cuda graph capture failed ({type(e).__name__}: {e}); timing eager", flush=True)
+        return None
 
 
 def verify_bench(cfg, model, batch, T, args, device, timer):
@@ -175,25 +189,30 @@ def verify_bench(cfg, model, batch, T, args, device, timer):
     tokens = torch.randint(0, cfg.vocab_size, (batch, T), device=device)
     accepted = [T] * batch
 
-    def forward():
-        st.ops.begin_verify(st.slot_list, T)
-        logits = model.forward(tokens, pos, st.slots, "verify", st, args.context)
-        return logits.argmax(-1)
+    def forward():   # device work only: capturable (begin_verify is host bookkeeping, done before)
+        model.forward(tokens, pos, st.slots, "verify", st, args.context).argmax(-1)
 
     def commit():
         st.ops.commit(st.slot_list, accepted)
 
-    for _ in range(2):
+    for _ in range(args.window // T + 2):   # every path once (incl. the commit fold) before timing
+        st.ops.begin_verify(st.slot_list, T)
         forward()
         commit()
+    st.ops.begin_verify(st.slot_list, T)
+    graph = capture(forward, timer, args.cuda_graph)
+    commit()
+    run_fwd = graph.replay if graph is not None else forward
+    n = max(args.iters // 4, 1)
     fwd_ms = commit_ms = 0.0
-    for _ in range(args.iters // 4 or 1):
-        fwd_ms += timer(forward, 1)
+    for _ in range(n):
+        st.ops.begin_verify(st.slot_list, T)
+        fwd_ms += timer(run_fwd, 1)
         commit_ms += timer(commit, 1)
-    n = args.iters // 4 or 1
     fwd_ms, commit_ms = fwd_ms / n, commit_ms / n
-    del st
-    return {"T": T, "verify_ms": fwd_ms, "commit_ms": commit_ms,
+    graphed = graph is not None
+    del st, graph
+    return {"T": T, "verify_ms": fwd_ms, "commit_ms": commit_ms, "graph": graphed,
             "tokens_per_s_all_accepted": batch * T / ((fwd_ms + commit_ms) * 1e-3)}
 
 
@@ -213,7 +232,7 @@ def run(args) -> dict:
                                        "attention_layers": cfg.num_attn_layers, "batches": {}}
         for batch in args.batches:
             row = entry["batches"][str(batch)] = {}
-            for mode in ("conventional", "replay"):
+            for mode in args.modes:
                 row[mode] = decode_bench(cfg, model, batch, mode, args, device, timer)
                 gc.collect()
                 if device.type == "cuda":
@@ -221,8 +240,10 @@ def run(args) -> dict:
                 print(f"  B={batch:4d} {mode:12s} {row[mode]['ms']:8.3f} ms/step  "
                       f"{row[mode]['tokens_per_s']:10.0f} tok/s  SSM state {row[mode]['state_GBps']:7.1f} GB/s"
                       f"  ({row[mode]['backend']}{', graph' if row[mode]['graph'] else ''})", flush=True)
-            row["speedup"] = row["conventional"]["ms"] / row["replay"]["ms"]
-            print(f"  B={batch:4d} ReplaySSM speedup {row['speedup']:.3f}x", flush=True)
+            for mode in args.modes[1:]:
+                key = "speedup" if mode == "replay" else f"speedup_{mode}"
+                row[key] = row["conventional"]["ms"] / row[mode]["ms"]
+                print(f"  B={batch:4d} {mode} speedup over conventional {row[key]:.3f}x", flush=True)
             row["spec"] = {}
             for T in args.verify_tokens:
                 v = row["spec"][str(T)] = verify_bench(cfg, model, batch, T, args, device, timer)
@@ -232,8 +253,9 @@ def run(args) -> dict:
                 if "skipped" in v:
                     print(f"  B={batch:4d} verify T={T}: skipped ({v['skipped']})", flush=True)
                     continue
-                v["verify_over_decode"] = v["verify_ms"] / row["replay"]["ms"]
-                print(f"  B={batch:4d} verify T={T} ({T - 1} drafts) {v['verify_ms']:8.3f} ms + commit "
+                v["verify_over_decode"] = v["verify_ms"] / row.get("replay", row[args.modes[-1]])["ms"]
+                print(f"  B={batch:4d} verify T={T} ({T - 1} drafts) {v['verify_ms']:8.3f} ms"
+                      f"{' (graph)' if v['graph'] else ''} + commit "
                       f"{v['commit_ms']:.3f} ms = {v['verify_over_decode']:.2f}x a decode step; "
                       f"{v['tokens_per_s_all_accepted']:.0f} tok/s if all accepted", flush=True)
         del model
@@ -257,12 +279,18 @@ def plot(res: dict, path: Path) -> None:
         batches = list(res["models"][name]["batches"])
         rows = [res["models"][name]["batches"][b] for b in batches]
         x = range(len(batches))
-        conv = [r["conventional"]["ms"] for r in rows]
-        rep = [r["replay"]["ms"] for r in rows]
-        ax.bar([i - 0.2 for i in x], conv, 0.4, label="conventional")
-        ax.bar([i + 0.2 for i in x], rep, 0.4, label=f"ReplaySSM (L={res['window']})")
-        for i, r in enumerate(rows):
-            ax.annotate(f"{r['speedup']:.2f}x", (i + 0.2, rep[i]), ha="center", va="bottom", fontsize=9)
+        modes = [m for m in ("conventional", "replay", "replay-fp8") if m in rows[0]]
+        width = 0.8 / len(modes)
+        for j, mode in enumerate(modes):
+            ms = [r[mode]["ms"] for r in rows]
+            off = (j - (len(modes) - 1) / 2) * width
+            label = {"conventional": "conventional", "replay": f"ReplaySSM (L={res['window']}, fp32)",
+                     "replay-fp8": "ReplaySSM + fp8 read copy"}[mode]
+            ax.bar([i + off for i in x], ms, width, label=label)
+            if mode != "conventional":
+                for i, r in enumerate(rows):
+                    ax.annotate(f"{r['conventional']['ms'] / r[mode]['ms']:.2f}x", (i + off, ms[i]), ha="center",
+                                va="bottom", fontsize=8)
         ax.set_xticks(list(x), [f"B={b}" for b in batches])
         ax.set_ylabel("decode step (ms)")
         ax.set_title(f"{name} ({res['dtype']}, {res['device_name']})", fontsize=10)
@@ -280,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", nargs="+", type=int, default=None)
     p.add_argument("--verify-tokens", nargs="*", type=int, default=None,
                    help="verify steps of T = 1 + drafts tokens (default 5 8: 4 and 7 drafts)")
+    p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=["conventional", "replay", "replay-fp8"],
+                   help="decode modes, conventional first (the baseline of the speedups; default all three)")
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--context", type=int, default=512, help="tokens already in each sequence's KV cache")
     p.add_argument("--iters", type=int, default=None, help="timed steps (default 2 windows)")
@@ -295,6 +325,8 @@ def main(argv=None) -> int:
         return 0
     if not args.quick and torch.device(args.device).type != "cuda":
         p.error("--device: the full benchmark needs a GPU; use --quick for a CPU check")
+    if args.modes[0] != "conventional":
+        p.error("--modes: the first mode must be conventional (the baseline of the speedups)")
     args.models = args.models or (["tiny-mamba2", "tiny-gdn"] if args.quick else ["nemotron-3-nano-4b", "qwen3.5-4b"])
     args.batches = args.batches or ([1, 4] if args.quick else [1, 64, 256, 512])
     args.verify_tokens = [5, 8] if args.verify_tokens is None else args.verify_tokens
