@@ -99,7 +99,21 @@ class Timer:
         return (time.perf_counter() - t) * 1e3 / iters
 
 
-MODES = {"conventional": ("conventional", "none"), "replay": ("replay", "none"), "replay-fp8": ("replay", "fp8")}
+MODES = {"conventional": ("conventional", "none"), "replay": ("replay", "none"), "replay-fp8": ("replay", "fp8"),
+         "no-ssm": ("conventional", "none")}
+
+
+class NoSSMOps:
+    """Breakdown only (mode no-ssm): SSM layers output zeros and touch no state, so the step time
+    is the floor set by everything else (projections, conv, attention, MLPs, LM head)."""
+
+    backend = verify_backend = "none"
+
+    def __init__(self, family: str):
+        self.out_like = 0 if family == "mamba2" else 2   # x [B, T, H, P] / v [B, T, H, Dv]
+
+    def run(self, layer, slots, mode, inputs, T):
+        return torch.zeros_like(inputs[self.out_like])
 
 
 def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, kernels, seed=0):
@@ -126,7 +140,7 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
     kv = KVCache(cfg, batch + 1, ctx_len + 16, device, model.dtype)
     kv.k.normal_(0.0, 1.0, generator=g)
     kv.v.normal_(0.0, 1.0, generator=g)
-    ops = SSMOps(cfg.family, pool, replay_verify=True, kernels=kernels)
+    ops = NoSSMOps(cfg.family) if mode == "no-ssm" else SSMOps(cfg.family, pool, replay_verify=True, kernels=kernels)
     idx = torch.tensor(slots, device=device)
     return SimpleNamespace(pool=pool, kv=kv, ops=ops, slot_list=slots, slots=idx.to(torch.int32), slots_long=idx)
 
@@ -151,6 +165,8 @@ def decode_bench(cfg, model, batch, mode, args, device, timer):
     sizes = traffic.StateSizes.of(st.pool)
     rd = wr = 0
     for b in range(batch):   # one full window: every row goes through every ring phase once
+        if mode == "no-ssm":
+            break
         for c in range(args.window if mode != "conventional" else 1):
             r, w = traffic.decode_bytes(sizes, mode == "conventional", c, c + 1 >= args.window)
             rd, wr = rd + r, wr + w
@@ -241,6 +257,11 @@ def run(args) -> dict:
                       f"{row[mode]['tokens_per_s']:10.0f} tok/s  SSM state {row[mode]['state_GBps']:7.1f} GB/s"
                       f"  ({row[mode]['backend']}{', graph' if row[mode]['graph'] else ''})", flush=True)
             for mode in args.modes[1:]:
+                if mode == "no-ssm":
+                    row["ssm_share_conventional"] = 1 - row[mode]["ms"] / row["conventional"]["ms"]
+                    print(f"  B={batch:4d} SSM work is {100 * row['ssm_share_conventional']:.0f}% of a conventional "
+                          f"step (no-ssm floor {row[mode]['ms']:.3f} ms)", flush=True)
+                    continue
                 key = "speedup" if mode == "replay" else f"speedup_{mode}"
                 row[key] = row["conventional"]["ms"] / row[mode]["ms"]
                 print(f"  B={batch:4d} {mode} speedup over conventional {row[key]:.3f}x", flush=True)
@@ -253,7 +274,7 @@ def run(args) -> dict:
                 if "skipped" in v:
                     print(f"  B={batch:4d} verify T={T}: skipped ({v['skipped']})", flush=True)
                     continue
-                v["verify_over_decode"] = v["verify_ms"] / row.get("replay", row[args.modes[-1]])["ms"]
+                v["verify_over_decode"] = v["verify_ms"] / row.get("replay", row["conventional"])["ms"]
                 print(f"  B={batch:4d} verify T={T} ({T - 1} drafts) {v['verify_ms']:8.3f} ms"
                       f"{' (graph)' if v['graph'] else ''} + commit "
                       f"{v['commit_ms']:.3f} ms = {v['verify_over_decode']:.2f}x a decode step; "
@@ -279,15 +300,15 @@ def plot(res: dict, path: Path) -> None:
         batches = list(res["models"][name]["batches"])
         rows = [res["models"][name]["batches"][b] for b in batches]
         x = range(len(batches))
-        modes = [m for m in ("conventional", "replay", "replay-fp8") if m in rows[0]]
+        modes = [m for m in ("conventional", "replay", "replay-fp8", "no-ssm") if m in rows[0]]
         width = 0.8 / len(modes)
         for j, mode in enumerate(modes):
             ms = [r[mode]["ms"] for r in rows]
             off = (j - (len(modes) - 1) / 2) * width
             label = {"conventional": "conventional", "replay": f"ReplaySSM (L={res['window']}, fp32)",
-                     "replay-fp8": "ReplaySSM + fp8 read copy"}[mode]
+                     "replay-fp8": "ReplaySSM + fp8 read copy", "no-ssm": "no SSM work (floor)"}[mode]
             ax.bar([i + off for i in x], ms, width, label=label)
-            if mode != "conventional":
+            if mode not in ("conventional", "no-ssm"):
                 for i, r in enumerate(rows):
                     ax.annotate(f"{r['conventional']['ms'] / r[mode]['ms']:.2f}x", (i + off, ms[i]), ha="center",
                                 va="bottom", fontsize=8)
@@ -308,8 +329,10 @@ def main(argv=None) -> int:
     p.add_argument("--batches", nargs="+", type=int, default=None)
     p.add_argument("--verify-tokens", nargs="*", type=int, default=None,
                    help="verify steps of T = 1 + drafts tokens (default 5 8: 4 and 7 drafts)")
-    p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=["conventional", "replay", "replay-fp8"],
-                   help="decode modes, conventional first (the baseline of the speedups; default all three)")
+    p.add_argument("--modes", nargs="+", choices=tuple(MODES),
+                   default=["conventional", "replay", "replay-fp8", "no-ssm"],
+                   help="decode modes, conventional first (the baseline of the speedups); no-ssm: the step "
+                        "without SSM state work (the floor of the other layers), for the breakdown")
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--context", type=int, default=512, help="tokens already in each sequence's KV cache")
     p.add_argument("--iters", type=int, default=None, help="timed steps (default 2 windows)")
