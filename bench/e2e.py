@@ -237,13 +237,17 @@ def run(args) -> dict:
     timer = Timer(device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     res = {"command": "python bench/e2e.py " + " ".join(sys.argv[1:]), "device": str(device),
+           "attention": "triton" if (args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda"))
+           else "sdpa",
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
            "torch": torch.__version__, "dtype": args.dtype, "window": args.window, "context": args.context,
            "iters": args.iters, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "models": {}}
     for name in args.models:
         cfg = model_config(name)
         print(f"{name}: {cfg.num_ssm_layers} {cfg.family} + {cfg.num_attn_layers} attention layers", flush=True)
-        model = HybridModel(cfg, random_weights(cfg, seed=0, device=device, dtype=dtype), device=device, dtype=dtype)
+        model = HybridModel(cfg, random_weights(cfg, seed=0, device=device, dtype=dtype), device=device, dtype=dtype,
+                            attn_impl=None if args.kernels == "auto" else
+                            ("triton" if args.kernels == "triton" else "sdpa"))
         entry = res["models"][name] = {"family": cfg.family, "ssm_layers": cfg.num_ssm_layers,
                                        "attention_layers": cfg.num_attn_layers, "batches": {}}
         for batch in args.batches:

@@ -111,6 +111,8 @@ class Engine:
     def __init__(self, args: EngineArgs, built=None):
         self.args = args
         self.cfg, self.model, self.tokenizer = built or build_model(args)
+        if args.kernels != "auto":   # "triton" also on CPU (interpreter, tests); "reference": PyTorch only
+            self.model.attn_impl = "triton" if args.kernels == "triton" else "sdpa"
         cfg, opts = self.cfg, args.replayssm
         opts.check_model(cfg.ssm_head_k_dim)
         if args.max_running_requests < 1:

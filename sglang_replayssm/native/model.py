@@ -170,8 +170,12 @@ def rope(x, positions, rotary_dim: int, theta: float):
 
 # --------------------------------------------------------------------------- the model
 class HybridModel:
-    def __init__(self, cfg: HybridConfig, weights: dict, device="cpu", dtype=torch.float32):
+    def __init__(self, cfg: HybridConfig, weights: dict, device="cpu", dtype=torch.float32,
+                 attn_impl: str | None = None):
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        # decode/verify attention: "triton" (native/attention.py, reads the KV cache in place; default on
+        # CUDA) or "sdpa" (gathers the sequences' K/V, then PyTorch SDPA; default on CPU, always prefill)
+        self.attn_impl = attn_impl or ("triton" if self.device.type == "cuda" else "sdpa")
         expected = param_shapes(cfg)
         missing = sorted(set(expected) - set(weights))
         if missing:
@@ -252,15 +256,21 @@ class HybridModel:
         k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
         layer = self.attn_index[i]
         ctx.kv.write(layer, slots, pos, k, v)
-        K_, V_ = ctx.kv.read(layer, slots, max_len)                            # [B, L, Hkv, D]
         # grouped-query attention without copying K/V per query head: the G = H / Hkv query heads of
         # a KV head become G query rows of that KV head (row t * G + g: token t, head kv * G + g)
         G = H // Hkv
         qg = q.view(B, T, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, T * G, D)
-        mask = torch.arange(max_len, device=pos.device)[None, None, :] <= positions[:, :, None]   # [B, T, L]
-        mask = mask.repeat_interleave(G, dim=1)[:, None]                                          # [B, 1, T*G, L]
-        o = F.scaled_dot_product_attention(qg, K_.transpose(1, 2), V_.transpose(1, 2), attn_mask=mask,
-                                           scale=D ** -0.5)                                       # [B, Hkv, T*G, D]
+        if self.attn_impl == "triton" and T <= 16:
+            from .attention import cache_attention
+
+            qpos = positions.repeat_interleave(G, dim=1)                                          # [B, T*G]
+            o = cache_attention(qg, ctx.kv.k[layer], ctx.kv.v[layer], slots, qpos, max_len, D ** -0.5)
+        else:
+            K_, V_ = ctx.kv.read(layer, slots, max_len)                                            # [B, L, Hkv, D]
+            mask = torch.arange(max_len, device=pos.device)[None, None, :] <= positions[:, :, None]  # [B, T, L]
+            mask = mask.repeat_interleave(G, dim=1)[:, None]                                     # [B, 1, T*G, L]
+            o = F.scaled_dot_product_attention(qg, K_.transpose(1, 2), V_.transpose(1, 2), attn_mask=mask,
+                                               scale=D ** -0.5)                                  # [B, Hkv, T*G, D]
         o = o.view(B, Hkv, T, G, D).permute(0, 2, 1, 3, 4).reshape(B, T, H * D)
         if gate is not None:
             o = o * torch.sigmoid(gate)
