@@ -237,8 +237,7 @@ def run(args) -> dict:
     timer = Timer(device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     res = {"command": "python bench/e2e.py " + " ".join(sys.argv[1:]), "device": str(device),
-           "attention": "triton" if (args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda"))
-           else "sdpa",
+           "attention": args.attention_impl,
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
            "torch": torch.__version__, "dtype": args.dtype, "window": args.window, "context": args.context,
            "iters": args.iters, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "models": {}}
@@ -246,8 +245,7 @@ def run(args) -> dict:
         cfg = model_config(name)
         print(f"{name}: {cfg.num_ssm_layers} {cfg.family} + {cfg.num_attn_layers} attention layers", flush=True)
         model = HybridModel(cfg, random_weights(cfg, seed=0, device=device, dtype=dtype), device=device, dtype=dtype,
-                            attn_impl=None if args.kernels == "auto" else
-                            ("triton" if args.kernels == "triton" else "sdpa"))
+                            attn_impl=args.attention_impl)
         entry = res["models"][name] = {"family": cfg.family, "ssm_layers": cfg.num_ssm_layers,
                                        "attention_layers": cfg.num_attn_layers, "batches": {}}
         for batch in args.batches:
@@ -343,6 +341,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
     p.add_argument("--kernels", choices=("auto", "triton", "reference"), default="auto")
+    p.add_argument("--attention", choices=("auto", "triton", "sdpa"), default="auto",
+                   help="decode/verify attention: Triton over the KV cache in place (auto on CUDA) or SDPA on "
+                        "gathered K/V")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
@@ -354,6 +355,9 @@ def main(argv=None) -> int:
         p.error("--device: the full benchmark needs a GPU; use --quick for a CPU check")
     if args.modes[0] != "conventional":
         p.error("--modes: the first mode must be conventional (the baseline of the speedups)")
+    args.attention_impl = args.attention if args.attention != "auto" else (
+        "triton" if args.kernels == "triton" or (args.kernels == "auto" and torch.device(args.device).type == "cuda")
+        else "sdpa")
     args.models = args.models or (["tiny-mamba2", "tiny-gdn"] if args.quick else ["nemotron-3-nano-4b", "qwen3.5-4b"])
     args.batches = args.batches or ([1, 4] if args.quick else [1, 64, 256, 512])
     args.verify_tokens = [5, 8] if args.verify_tokens is None else args.verify_tokens
