@@ -209,7 +209,13 @@ class RouterIngress:
         try:
             while True:
                 if max_tokens is not None and sent_tokens >= max_tokens:
-                    finish = finish or "length"
+                    if finish is None:  # cut right after the last token, before its finish chunk
+                        finish = "length"
+                        choice = ({"index": 0, "text": "", "logprobs": None, "finish_reason": finish}
+                                  if kind == "completions" else {"index": 0, "delta": {}, "finish_reason": finish})
+                        yield "chunk", {"id": stream_id, "created": created, "model": model,
+                                        "object": "text_completion" if kind == "completions" else "chat.completion.chunk",
+                                        "choices": [choice]}
                     break
                 payload = {"path": "/v1/completions" if kind == "completions" else "/v1/chat/completions",
                            "body": _attempt_body(kind, body, sent_text, sent_tokens),

@@ -46,7 +46,8 @@ class EngineReplica:
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
             log_path = os.path.join(log_dir, f"engine-{self.replica_id}.log")
-        self.engine = EngineProcess(engine, engine_argv or [], startup_timeout_s, log_path).start()
+        env = dict(os.environ, SGLANG_REPLAYSSM_REPLICA=self.replica_id)  # names the engine's processes
+        self.engine = EngineProcess(engine, engine_argv or [], startup_timeout_s, log_path, env=env).start()
         self._client: Optional[httpx.AsyncClient] = None
         self._load: Dict[str, Any] = {}
         self._engine_samples: List[list] = []

@@ -247,6 +247,24 @@ def test_everything_is_on_loopback(cluster):
     assert {_host(a) for l, p, _ in established for a in (l, p)} == {"127.0.0.1"}, established
 
 
+def _kill_engine(replica_uid):
+    """SIGKILL the engine process group of one replica (the replica actor itself stays)."""
+    import signal
+
+    needle = f"SGLANG_REPLAYSSM_REPLICA={replica_uid}".encode()
+    groups = set()
+    for pid in session_pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    groups.add(os.getpgid(pid))
+        except OSError:
+            pass
+    assert groups, f"no engine processes found for replica {replica_uid}"
+    for g in groups:
+        os.killpg(g, signal.SIGKILL)
+
+
 def _kill_replica(replica_uid):
     import ray
 
@@ -312,3 +330,45 @@ def test_killed_replica_requests_complete_exactly_once(cluster):
     assert resumed >= 1
     for u, r in zip(unary_res, ref[4:]):
         assert u["tokens"] == max_tokens and u["text"] == r["text"]
+
+
+def test_engine_crash_requests_resume_and_replica_is_replaced(cluster):
+    """The engine process dies (not the Ray actor): cut streams resume on the other replica, the
+    replica fails its health check and Serve replaces it."""
+    prompts = [f"engine crash {i}: keep going {uuid.uuid4().hex[:8]}" for i in range(4)]
+    max_tokens = 200
+
+    async def main():
+        async with httpx.AsyncClient(base_url=cluster["url"], timeout=300) as c:
+            await _wait_idle(c)
+            streams = []
+            for p in prompts:
+                s = _Stream(c, p, max_tokens)
+                await s.started.wait()
+                streams.append(s)
+            victim = streams[-1].replica
+            mid = [s for s in streams if s.replica == victim and not s.task.done()]
+            _kill_engine(victim)
+            results = [await s.task for s in streams]
+            # the replica fails its health check; Serve replaces it
+            deadline = time.monotonic() + 120
+            while True:
+                text = (await c.get("/metrics")).text
+                up = set(re.findall(r'^replayssm_router_replica_up\{replica="([^"]+)"\} 1', text, re.M))
+                if victim not in up and len(up) == 2:
+                    break
+                assert time.monotonic() < deadline, f"replica {victim} not replaced: {up}"
+                await asyncio.sleep(0.5)
+            _wait_replicas_running(2)
+            ref = await asyncio.gather(*(complete(c, p, max_tokens, **EXTRA) for p in prompts))
+            return streams, results, ref, victim, mid
+
+    streams, results, ref, victim, mid = _run(main())
+    assert mid
+    for s, (chunks, meta, done), r in zip(streams, results, ref):
+        assert done and "".join(chunk_text(ch) for ch in chunks) == r["text"]
+        assert sum(1 for ch in chunks if chunk_text(ch)) == max_tokens
+        if s in mid:
+            assert meta["retries"] >= 1 and meta["replicas"][-1] != victim
+    assert victim not in {r["replica"] for r in ref}  # the crashed replica was replaced
+    assert all(r["retries"] == 0 for r in ref)
