@@ -28,15 +28,16 @@ NUM_REPLICAS = 2
 POLICY = PolicyConfig(policy="pack", target_batch=2, imbalance_threshold=2, min_prefix_chars=16, block_chars=8)
 
 
-# Every process this session starts (Ray's, the replicas', the engines') inherits this marker, so
+# Every process the cluster fixture starts (Ray's, the replicas', the engines') inherits this marker
+# (set only while ray.init spawns the GCS and raylet, whose children inherit their environment), so
 # they can be found - and only they - even after a guard or engine was re-parented.
 MARKER = "SGLANG_REPLAYSSM_TEST_SESSION"
-os.environ[MARKER] = uuid.uuid4().hex
+SESSION = uuid.uuid4().hex
 
 
 def session_pids():
     """PIDs of live processes carrying this session's marker (this pytest process excluded)."""
-    needle = f"{MARKER}={os.environ[MARKER]}".encode()
+    needle = f"{MARKER}={SESSION}".encode()
     pids = {}
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == os.getpid():
@@ -65,10 +66,14 @@ def cluster(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("scheduler")
     metrics_port = free_port()
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
-             _metrics_export_port=metrics_port, log_to_driver=False,
-             runtime_env={"worker_process_setup_hook": loopback.HOOK},
-             _system_config={"metrics_report_interval_ms": 1000})
+    os.environ[MARKER] = SESSION
+    try:
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
+                 _metrics_export_port=metrics_port, log_to_driver=False,
+                 runtime_env={"worker_process_setup_hook": loopback.HOOK},
+                 _system_config={"metrics_report_interval_ms": 1000})
+    finally:
+        del os.environ[MARKER]  # this process's other children (other tests' servers) stay unmarked
     port = free_port()
     opts = SchedulerOptions(replicas=NUM_REPLICAS, port=port, engine="native", engine_argv=engine_argv(tmp),
                             replica_num_cpus=0, health_check_period_s=1.0, stats_period_s=0.5,
