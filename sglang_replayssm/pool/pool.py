@@ -284,7 +284,9 @@ class ReplayStatePool:
         self._commit_conv(slots, node_paths)
 
     def _commit_records(self, slots: list[int], paths: list[list[int]], fold: Callable | None) -> None:
-        cur = self.cursor[self._index(slots)].tolist()
+        idx = self._index(slots)
+        cur_t = self.cursor[idx].long()
+        cur = cur_t.tolist()                                   # the one host sync of a commit
         for s, c, path in zip(slots, cur, paths):
             if path != list(range(len(path))):  # tree: gather the accepted nodes' records to the front
                 src = self._index([c + n for n in path])
@@ -300,29 +302,39 @@ class ReplayStatePool:
             counts = [n for _, n in full]
             for layer in range(self.num_layers):
                 fold(self, layer, fs, counts)
-        for s, n in zip(slots, new):
-            if n >= self.cfg.window:
-                self.folded[s] += n
-                self.cursor[s] = 0
-            else:
-                self.cursor[s] = n
+        new_t = cur_t + torch.as_tensor([len(p) for p in paths], dtype=torch.long, device=self.device)
+        flushed = new_t >= self.cfg.window
+        self.folded[idx] += torch.where(flushed, new_t, torch.zeros_like(new_t))
+        self.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(self.cursor.dtype)
 
     def _commit_snapshots(self, slots: list[int], paths: list[list[int]]) -> None:
-        for s, path in zip(slots, paths):
-            if path:
-                self.ckpt[:, s] = self.snap[:, s, path[-1]]
-                self.folded[s] += len(path)
+        rows = [(s, p[-1], len(p)) for s, p in zip(slots, paths) if p]
+        if not rows:
+            return
+        idx = self._index([s for s, _, _ in rows])
+        last = self._index([n for _, n, _ in rows])
+        self.ckpt[:, idx] = self.snap[:, idx, last]
+        self.folded[idx] += self._index([a for _, _, a in rows])
 
     def _commit_conv(self, slots: list[int], paths: list[list[int]]) -> None:
+        """Conv state after the accepted tokens: the last ``width`` columns of (old state, the accepted
+        drafts' conv inputs along their path), for all rows in a few batched ops."""
         if self.conv is None or self.conv_in is None or self.conv.shape[-1] == 0:
             return
+        rows = [(s, p) for s, p in zip(slots, paths) if p]
+        if not rows:
+            return
         width = self.conv.shape[-1]
-        for s, path in zip(slots, paths):
-            if not path:
-                continue
-            new_cols = self.conv_in[:, s, self._index(path)].transpose(-1, -2)  # [nl, conv_dim, a]
-            hist = torch.cat([self.conv[:, s], new_cols], dim=-1)
-            self.conv[:, s] = hist[..., -width:]
+        T = self.conv_in.shape[2]
+        idx = self._index([s for s, _ in rows])
+        nodes = self._index([p + [0] * (T - len(p)) for _, p in rows]).view(len(rows), T)     # [B, T] padded paths
+        acc = self._index([len(p) for _, p in rows])
+        drafts = self.conv_in[:, idx]                                                           # [nl, B, T, C]
+        drafts = torch.gather(drafts, 2, nodes[None, :, :, None].expand(drafts.shape[0], -1, -1, drafts.shape[-1]))
+        hist = torch.cat([self.conv[:, idx], drafts.transpose(-1, -2)], dim=-1)                 # [nl, B, C, width + T]
+        cols = acc[:, None] + torch.arange(width, device=self.device)[None, :]                 # [B, width]
+        cols = cols[None, :, None, :].expand(hist.shape[0], -1, hist.shape[2], -1)
+        self.conv[:, idx] = torch.gather(hist, -1, cols)
 
     # ------------------------------------------------------------------ whole-state access
     def write_state(self, layer: int, slots: Sequence[int], state: torch.Tensor) -> None:
