@@ -13,7 +13,6 @@ import time
 import uuid
 
 import httpx
-import pytest
 
 from .client import chunk_text, complete, parse_sse
 from .conftest import POLICY, session_pids
