@@ -148,7 +148,7 @@ class Engine:
     def add_request(self, prompt, params: SamplingParams, rid: str | None = None) -> Request:
         """prompt: text, list of token ids, or {"messages": [...]} for chat."""
         if isinstance(prompt, dict):
-            ids = self.tokenizer.chat_prompt(prompt["messages"])
+            ids = self.tokenizer.chat_prompt(prompt["messages"], prompt.get("continue_final_message", False))
         elif isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
@@ -410,6 +410,7 @@ class Engine:
                 "free_slots": self.pool.num_free + len(self.cache),   # cache entries yield to requests
                 "total_slots": total, "batch_size": self.last_batch, "ring_occupancy": self.ring_occupancy,
                 "pool_usage": len(self.running) / total, "cached_prefixes": self.cache.hashes(),
+                "cached_prefix_texts": [self.tokenizer.decode(k) for k in self.cache.entries],
                 "prefix_cache_hits": self.cache.hits, "prefix_cache_hit_tokens": self.cache.hit_tokens,
                 "gen_throughput": self.throughput(),
                 "time": time.time()}

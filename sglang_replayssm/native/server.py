@@ -213,7 +213,12 @@ def parse_messages(body: dict) -> dict:
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content: expected a string", "messages")
         out.append({"role": m["role"], "content": content})
-    return {"messages": out}
+    cont = body.get("continue_final_message", False)
+    if not isinstance(cont, bool):
+        raise BadRequest("continue_final_message: expected a boolean", "continue_final_message")
+    if cont and out[-1]["role"] != "assistant":
+        raise BadRequest("continue_final_message: the last message must be the assistant's", "continue_final_message")
+    return {"messages": out, "continue_final_message": cont}
 
 
 # --------------------------------------------------------------------------- the app
@@ -271,7 +276,8 @@ def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
     async def load():
         s = client.stats
         return {k: s.get(k, 0) for k in ("running", "waiting", "free_slots", "total_slots", "batch_size")} | {
-            "cached_prefixes": list(s.get("cached_prefixes", []))}
+            "cached_prefixes": list(s.get("cached_prefixes", [])),
+            "cached_prefix_texts": list(s.get("cached_prefix_texts", []))}
 
     @app.get("/v1/replayssm/info")
     async def info():

@@ -26,7 +26,12 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], continue_final: bool = False) -> list[int]:
+        """The conversation as a prompt; ``continue_final`` leaves the last (assistant) message open so
+        that generation continues it (OpenAI/SGLang ``continue_final_message``)."""
+        if continue_final:
+            head = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages[:-1])
+            return self.encode(head + f"<|{messages[-1]['role']}|>\n{messages[-1]['content']}")
         text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
         return self.encode(text)
 
@@ -49,10 +54,14 @@ class HFTokenizer:
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], continue_final: bool = False) -> list[int]:
         if getattr(self.tok, "chat_template", None):
-            text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tok.apply_chat_template(messages, add_generation_prompt=not continue_final,
+                                                continue_final_message=continue_final, tokenize=False)
             return self.tok.encode(text, add_special_tokens=False)
+        if continue_final:
+            head = "".join(f"{m['role']}: {m['content']}\n" for m in messages[:-1])
+            return self.encode(head + f"{messages[-1]['role']}:{messages[-1]['content']}")
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return self.encode(text)
 

@@ -162,7 +162,8 @@ def test_concurrent_requests_beyond_pool(server, client, reference_engine):
     load = wait_for(lambda: (lambda d: d if d["running"] == 0 and d["waiting"] == 0 else None)(
         json.loads(get(server[0] + "/v1/replayssm/load")[1])))
     assert load == {"running": 0, "waiting": 0, "free_slots": SLOTS, "total_slots": SLOTS,
-                    "batch_size": load["batch_size"], "cached_prefixes": load["cached_prefixes"]}
+                    "batch_size": load["batch_size"], "cached_prefixes": load["cached_prefixes"],
+                    "cached_prefix_texts": load["cached_prefix_texts"]}
 
 
 def test_load_reports_cached_prefixes(server, client):
@@ -171,6 +172,22 @@ def test_load_reports_cached_prefixes(server, client):
         json.loads(get(server[0] + "/v1/replayssm/load")[1])))
     assert load and len(load["cached_prefixes"]) == 1
     assert all(len(h) == 12 and int(h, 16) >= 0 for h in load["cached_prefixes"])
+    # the same entry as text, which the Ray router merges into its prefix tree: a prefix of the prompt
+    (text,) = load["cached_prefix_texts"]
+    assert text and "a prompt long enough for the prefix cache".startswith(text)
+
+
+def test_chat_continue_final_message_resumes_exactly(client):
+    """A chat answer cut after a few tokens and resent as a final assistant message with
+    continue_final_message continues exactly where the greedy answer went (the Ray router's resume)."""
+    msgs = [{"role": "user", "content": "tell me something"}]
+    full = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0).choices[0].message.content
+    head = client.chat.completions.create(model="m", messages=msgs, max_tokens=5, temperature=0).choices[0].message.content
+    assert full.startswith(head) and len(head) < len(full)
+    rest = client.chat.completions.create(
+        model="m", messages=msgs + [{"role": "assistant", "content": head}], max_tokens=7, temperature=0,
+        extra_body={"continue_final_message": True}).choices[0].message.content
+    assert head + rest == full
 
 
 @pytest.mark.parametrize("body, fragment", [
@@ -192,6 +209,9 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, client, body, fra
     assert fragment in json.loads(text)["error"]["message"]
     status, text = post(server[0] + "/v1/chat/completions", json.dumps({"messages": "nope"}).encode())
     assert status == 400 and "messages" in json.loads(text)["error"]["message"]
+    status, text = post(server[0] + "/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}).encode())
+    assert status == 400 and "continue_final_message" in json.loads(text)["error"]["message"]
     r = client.completions.create(model="m", prompt="still alive", max_tokens=3, temperature=0)
     assert len(r.choices[0].text) == 3
 
