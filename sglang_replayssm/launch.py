@@ -5,7 +5,9 @@
     --engine sglang   SGLang's server with the ReplaySSM plugin (needs sglang and a GPU)
     --engine auto     sglang when it is importable and CUDA is available, else native (default)
     --replicas N      N engine replicas on Ray Serve behind a cache- and load-aware router
-                      (--ray-address joins a cluster; every other flag goes to the replicas)
+                      (--ray-address joins a cluster; every other flag goes to the replicas).
+                      --engine auto is resolved on the launching host: from a CPU-only head node
+                      pass --engine sglang for GPU replicas.
 
 The ReplaySSM flags (--replayssm-*) are shared with the SGLang plugin (sglang_replayssm.flags).
 """
@@ -126,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     pre = common_parser()
     common, rest = pre.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
-        native_parser().print_help()
+        from .scheduler import add_scheduler_args   # imports neither ray nor sglang
+
+        parser = native_parser()
+        add_scheduler_args(parser)
+        parser.print_help()
         return 0
     engine = resolve_engine(common.engine)
     if common.replicas is not None:

@@ -93,3 +93,13 @@ def test_broken_weights_fail_with_a_clear_message(tmp_path):
                         str(tmp_path), "--port", str(free_port())], capture_output=True, text=True, timeout=180)
     assert r.returncode != 0
     assert "model.safetensors: cannot read safetensors file" in r.stderr
+
+
+def test_help_lists_engine_replayssm_and_scheduler_flags(capsys):
+    from sglang_replayssm import launch
+
+    assert launch.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--model-path", "--replayssm-window", "--speculative-num-draft-tokens", "--replicas",
+                 "--route-target-batch", "--replica-num-gpus"):
+        assert flag in out, flag
