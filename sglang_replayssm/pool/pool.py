@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ReplayConfig, SSMGeometry
-from .errors import BadSlotError, CommitError, DoubleFreeError, DraftOverflowError, PoolExhaustedError
+from .errors import BadSlotError, CommitError, ConfigError, DoubleFreeError, DraftOverflowError, PoolExhaustedError
 
 PADDING_SLOT = 0
 
@@ -91,7 +91,7 @@ class ReplayStatePool:
     def __init__(self, geometry: SSMGeometry, num_layers: int, num_slots: int, config: ReplayConfig | None = None,
                  device: str | torch.device = "cpu", act_dtype: torch.dtype = torch.float32):
         if num_layers < 1:
-            raise BadSlotError(f"num_layers must be >= 1, got {num_layers}")
+            raise ConfigError(f"num_layers must be >= 1, got {num_layers}")
         self.geo = geometry
         self.cfg = config or ReplayConfig()
         self.num_layers = num_layers
@@ -103,7 +103,6 @@ class ReplayStatePool:
         nl, S = num_layers, num_slots + 1
         H, Dv, Dk, Hk = g.num_heads, g.head_v_dim, g.head_k_dim, g.num_k_heads
         if c.read_copy == "nvfp4" and Dk % 16:
-            from .errors import ConfigError
             raise ConfigError(f"read_copy='nvfp4' needs head_k_dim to be a multiple of 16, got {Dk}")
         z = dict(device=self.device)
         self.ckpt = torch.zeros(nl, S, H, Dv, Dk, dtype=c.ckpt_dtype, **z)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..pool.errors import DraftOverflowError
 from . import core
 from .quant import (dequant_fp8_rows, dequant_nvfp4, fake_quant, quant_fp8_rows, quant_nvfp4, round_fp16_sr,
                     state_element_index)
@@ -130,7 +131,6 @@ def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
     dt = cfg.compute_dtype
     B, T = v.shape[:2]
     if T > cfg.max_drafts:
-        from ..pool.errors import DraftOverflowError
         raise DraftOverflowError(f"{T} drafts exceed max_drafts={cfg.max_drafts}")
     out = torch.empty(v.shape, dtype=dt, device=v.device)
     for b, s in enumerate(slots.tolist()):

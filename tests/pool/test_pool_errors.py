@@ -67,6 +67,10 @@ def test_bad_geometry():
         SSMGeometry("rwkv", 2, 4, 4, 1)
     with pytest.raises(ConfigError, match="nvfp4"):
         ReplayStatePool(SSMGeometry("gdn", 2, 4, 8, 1), 1, 1, ReplayConfig(read_copy="nvfp4"))
+    with pytest.raises(ConfigError, match="num_layers"):
+        ReplayStatePool(GEO, 0, 1)
+    with pytest.raises(PoolExhaustedError, match="at least one usable slot"):
+        ReplayStatePool(GEO, 1, 0)
 
 
 def test_draft_and_commit_misuse():
