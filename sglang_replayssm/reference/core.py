@@ -27,6 +27,11 @@ from dataclasses import dataclass
 import torch
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The references compute in fp32, or in fp64 for fp64 inputs (the exactness tests)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def expand_heads(x: torch.Tensor, num_heads: int, dim: int = -2) -> torch.Tensor:
     """Repeat grouped k-heads / Mamba-2 groups so that value head ``h`` sees group ``h // (H // Hk)``."""
     groups = x.shape[dim]

@@ -22,14 +22,10 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def _cdtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def gate(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
     """Log-decay ``g = -exp(A_log) * softplus(a + dt_bias)``; ``a [.., H]`` (KDA: ``[.., H, K]`` with
     ``dt_bias [H, K]``)."""
-    cd = _cdtype(a)
+    cd = core.compute_dtype(a)
     A = torch.exp(A_log.to(cd))
     if a.dim() >= 2 and dt_bias.dim() == 2:   # per-channel (KDA)
         A = A.unsqueeze(-1)
@@ -38,7 +34,7 @@ def gate(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.T
 
 def prep(q, k, v, a, b, A_log, dt_bias, scale=None):
     """Raw inputs -> core form ``(q, k, v, g, beta)`` in fp32 (fp64 for fp64 inputs)."""
-    cd = _cdtype(v)
+    cd = core.compute_dtype(v)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     qn = l2norm(q.to(cd)) * scale

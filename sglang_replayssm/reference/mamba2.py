@@ -11,19 +11,14 @@ ReplaySSM record per token: ``u = dt * x [H, P]``, ``B [G, N]``, ``g = dt * A [H
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from . import core, replay
 
 
-def _cdtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _prep(x, dt, A, B, C, dt_bias):
     """Raw inputs -> core form (q = C, k = B, u = dt * x, g = dt * A), in fp32 (fp64 for fp64 inputs)."""
-    cd = _cdtype(x)
+    cd = core.compute_dtype(x)
     dts = F.softplus(dt.to(cd) + dt_bias.to(cd))
     return C.to(cd), B.to(cd), dts.unsqueeze(-1) * x.to(cd), dts * A.to(cd)
 

@@ -90,20 +90,24 @@ def _write_record(pool, layer: int, slot: int, pos: int, d: torch.Tensor, k: tor
     pool.rec_g[layer, slot, pos] = g.to(pool.rec_g.dtype)
 
 
+def _row_inputs(pool, b: int, q, k, g, beta):
+    """Row ``b`` of core-form inputs in compute precision, keys expanded to value heads, g to ``[.., H, Dk]``."""
+    dt, H = pool.cfg.compute_dtype, pool.geo.num_heads
+    return (core.expand_heads(q[b].to(dt), H), core.expand_heads(k[b].to(dt), H), _g_full(pool, g[b].to(dt)),
+            None if beta is None else beta[b].to(dt))
+
+
 def decode_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 g: torch.Tensor, beta: torch.Tensor | None) -> torch.Tensor:
     """One decode token per row in core form: ``q, k [B, Hk, Dk]``, ``v [B, H, Dv]``, ``g [B, H]`` (KDA
     ``[B, H, Dk]``), ``beta [B, H]`` or None. Non-flush rows append a record; a row whose record fills
     the window (``cursor + 1 == window``) also folds the window into its checkpoint. Cursors are not
     moved (``pool.advance`` does that once per step). Returns ``o [B, H, Dv]`` in compute precision."""
-    cfg, H = pool.cfg, pool.geo.num_heads
+    cfg = pool.cfg
     dt = cfg.compute_dtype
     out = torch.empty(v.shape, dtype=dt, device=v.device)
     for b, s in enumerate(slots.tolist()):
-        qb = core.expand_heads(q[b].to(dt), H)
-        kb = core.expand_heads(k[b].to(dt), H)
-        gb = _g_full(pool, g[b].to(dt))
-        bb = None if beta is None else beta[b].to(dt)
+        qb, kb, gb, bb = _row_inputs(pool, b, q, k, g, beta)
         if cfg.mode == "conventional":
             out[b], S = core.conventional_step(hp_checkpoint(pool, layer, s), qb, kb, v[b].to(dt), gb, bb)
             pool.ckpt[layer, s] = S.to(pool.ckpt.dtype)
@@ -127,7 +131,7 @@ def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
     """``T`` draft tokens per row (``[B, T, ...]`` inputs) by output-only evaluation: outputs for every
     draft, draft records written at ring positions ``cursor .. cursor+T-1``; nothing else changes.
     Conventional mode instead steps the state through the drafts and keeps one snapshot per draft."""
-    cfg, H = pool.cfg, pool.geo.num_heads
+    cfg = pool.cfg
     dt = cfg.compute_dtype
     B, T = v.shape[:2]
     if T > cfg.max_drafts:
@@ -135,10 +139,7 @@ def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
     out = torch.empty(v.shape, dtype=dt, device=v.device)
     for b, s in enumerate(slots.tolist()):
         par = None if parents is None else [int(p) for p in parents[b]]
-        qb = core.expand_heads(q[b].to(dt), H)
-        kb = core.expand_heads(k[b].to(dt), H)
-        gb = _g_full(pool, g[b].to(dt))
-        bb = None if beta is None else beta[b].to(dt)
+        qb, kb, gb, bb = _row_inputs(pool, b, q, k, g, beta)
         if cfg.mode == "conventional":
             par = par if par is not None else list(range(-1, T - 1))
             base = hp_checkpoint(pool, layer, s)
