@@ -94,4 +94,4 @@ class ReplaySSMRouter(RequestRouter):
                                replica_id.unique_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str):
-        _state.STATE.completed(internal_request_id)
+        _state.STATE.completed(internal_request_id, replica_id.unique_id)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .policy import Choice, PolicyConfig
 from .prefix_tree import PrefixTree
 
 # how long a replica's reported stats count as current
 STATS_TTL_S = 30.0
+# how long a completion that arrived before its routing notice is remembered (see completed())
+EARLY_COMPLETION_TTL_S = 300.0
 
 
 class RouterState:
@@ -33,7 +35,8 @@ class RouterState:
             self.cfg = cfg.validate()
             self.tree = PrefixTree(block_chars=cfg.block_chars)
             self.inflight: Dict[str, int] = {}           # replica -> requests this router sent, not done
-            self.request_replica: Dict[str, str] = {}     # serve internal request id -> replica
+            self.open_requests: set = set()               # (serve internal request id, replica) counted in inflight
+            self.early_completions: Dict[Tuple[str, str], float] = {}  # completed before routed: time seen
             self.choices: Dict[str, Choice] = {}          # route id -> last policy choice
             self.routed: Dict[str, str] = {}              # route id -> replica it went to
             self.stats: Dict[str, dict] = {}              # replica -> last reported stats
@@ -63,6 +66,7 @@ class RouterState:
                 self.stats.pop(r, None)
                 self.stats_time.pop(r, None)
                 self.inflight.pop(r, None)
+                self.open_requests = {k for k in self.open_requests if k[1] != r}
                 self.applied_prefix_reports.pop(r, None)
 
     def update_stats(self, replica: str, stats: dict) -> None:
@@ -88,17 +92,35 @@ class RouterState:
     # -- request lifecycle ---------------------------------------------------------------------
     def routed_to(self, route_id: Optional[str], internal_id: Optional[str], replica: str) -> None:
         with self.lock:
-            self.inflight[replica] = self.inflight.get(replica, 0) + 1
-            if internal_id:
-                self.request_replica[internal_id] = replica
             if route_id:
                 self.routed[route_id] = replica
+            key = (internal_id, replica)
+            if internal_id and self.early_completions.pop(key, None) is not None:
+                return  # it already finished (see completed()): nothing is in flight
+            self.inflight[replica] = self.inflight.get(replica, 0) + 1
+            if internal_id:
+                self.open_requests.add(key)
 
-    def completed(self, internal_id: str) -> None:
+    def completed(self, internal_id: str, replica: str) -> None:
+        """Serve's completion notice for a request sent to `replica`.
+
+        Serve registers the completion callback before it learns whether the replica accepted
+        the request, so the notice can come (a) for an attempt the replica rejected, which was
+        never routed here, and (b) before `routed_to` for a short request that finished while
+        Serve awaited the acceptance. Both are remembered for a while; (b) then cancels its
+        routing notice instead of leaving the replica's count one too high forever."""
         with self.lock:
-            replica = self.request_replica.pop(internal_id, None)
-            if replica is not None and replica in self.inflight:
-                self.inflight[replica] = max(0, self.inflight[replica] - 1)
+            key = (internal_id, replica)
+            if key in self.open_requests:
+                self.open_requests.discard(key)
+                if self.inflight.get(replica, 0) > 0:
+                    self.inflight[replica] -= 1
+                return
+            now = time.monotonic()
+            self.early_completions[key] = now
+            if len(self.early_completions) > 256:
+                self.early_completions = {k: t for k, t in self.early_completions.items()
+                                          if now - t < EARLY_COMPLETION_TTL_S}
 
     def served(self, route_key: str, replica: str) -> None:
         """The replica processed this prompt (+ output): it now holds these prefixes."""

@@ -110,3 +110,47 @@ def test_bad_replica_count_is_a_clear_error(replicas):
 def test_bad_route_flag_is_a_clear_error():
     with pytest.raises(SchedulerError, match="--route-target-batch"):
         options_from_args(_ns(engine_argv=["--route-target-batch", "0"]))
+
+
+def test_router_state_inflight_counts_survive_any_callback_order():
+    """Serve's completion notice can come before the routing notice (a short request finishing
+    while Serve awaits the replica's acceptance) or without one (an attempt the replica rejected):
+    the per-replica in-flight count must return to zero either way."""
+    from sglang_replayssm.scheduler.state import RouterState
+
+    st = RouterState(PolicyConfig())
+    rng = random.Random(0)
+    events = []
+    for i in range(200):
+        rid, rep = f"req{i}", rng.choice(["a", "b"])
+        kind = rng.choice(["normal", "early", "rejected_then_routed"])
+        if kind == "normal":
+            events.append([("routed", rid, rep), ("done", rid, rep)])
+        elif kind == "early":
+            events.append([("done", rid, rep), ("routed", rid, rep)])
+        else:
+            other = "b" if rep == "a" else "a"
+            events.append([("done", rid, other), ("routed", rid, rep), ("done", rid, rep)])
+    # interleave the requests, keeping each request's own order
+    queues = [list(e) for e in events]
+    peak = 0
+    while queues:
+        q = rng.choice(queues)
+        kind, rid, rep = q.pop(0)
+        if kind == "routed":
+            st.routed_to(None, rid, rep)
+        else:
+            st.completed(rid, rep)
+        assert all(v >= 0 for v in st.inflight.values())
+        peak = max(peak, sum(st.inflight.values()))
+        if not q:
+            queues.remove(q)
+    assert peak > 0
+    assert st.inflight == {"a": 0, "b": 0}
+    assert not st.open_requests
+    # the rejected attempts' notices stay remembered (bounded), the early ones were consumed
+    assert all(k[0].startswith("req") for k in st.early_completions)
+    st.routed_to(None, "late", "a")
+    assert st.inflight["a"] == 1
+    st.completed("late", "a")
+    assert st.inflight["a"] == 0
