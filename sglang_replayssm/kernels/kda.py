@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .common import (default_warps, draft_structure, row_select, FOLD_PREC, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fp16_sr,
-                     load_state_chunk, next_pow2, round_e4m3, softplus)
+                     load_state_chunk, next_pow2, round_e4m3, softplus, store_nvfp4_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -37,19 +37,25 @@ def _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, d
 
 
 @triton.jit
-def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, head_rows, o_v, mask_v, recg_ptr, reck_base, slot, i_h, o_r,
-                    mask_r, Dr, a_row, alog, dtb_row, dcur, k_row, rk, seed, stream, idx_base,
+def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, recg_ptr, reck_base, slot,
+                    i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, dcur, k_row, rk, seed, stream, idx_base,
                     H: tl.constexpr, K: tl.constexpr, R: tl.constexpr, RKS: tl.constexpr,
                     BKC: tl.constexpr, BV: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                     SHARED: tl.constexpr, HAS_CUR: tl.constexpr, INTERPRET: tl.constexpr):
-    """S_new = (S0 Diag(exp G) + Dr^T (K_r W)) Diag(alpha) + dcur k^T into ckpt (+ fp8 read copy)."""
+    """S_new = (S0 Diag(exp G) + Dr^T (K_r W)) Diag(alpha) + dcur k^T into ckpt (+ read copy: fp8 with
+    per-row scales, or NVFP4 whose per-head global scale needs the whole head here, BV >= Dv).
+    A quantized read copy takes a first pass for the row maxima."""
     rows = head_rows + o_v
     amax = tl.zeros([BV], dtype=tl.float32)
-    for p in tl.static_range(2 if RC == 1 else 1):
-        if p == 1 or RC != 1:
-            sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
+    for p in tl.static_range(2 if RC != 0 else 1):
+        if p == 1 or RC == 0:
             if RC == 1:
+                sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
                 tl.store(rs_ptr + rows, sc, mask=mask_v)
+            if RC == 2:
+                hmax = tl.max(amax, axis=0)
+                gs = tl.where(hmax == 0.0, 1.0, hmax / (448.0 * 6.0))
+                tl.store(rgs_ptr + i_head, gs)
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
             KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog,
@@ -58,8 +64,8 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, head_rows, o_v, mask_v, recg_ptr, 
             S = (S0 * gam[None, :] + tl.dot(tl.trans(Dr), KW, input_precision=FOLD_PREC)) * al[None, :]
             if HAS_CUR:
                 S = S + dcur[:, None] * (tl.load(k_row + o_kc).to(tl.float32) * rk)[None, :]
-            if RC == 1 and p == 0:
-                amax = tl.maximum(amax, tl.max(tl.abs(S), axis=1))
+            if RC != 0 and p == 0:
+                amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
             else:
                 offs = rows[:, None] * K + o_kc[None, :]
                 if RC == 1:
@@ -70,6 +76,8 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, head_rows, o_v, mask_v, recg_ptr, 
                     tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
                     if SHARED:
                         S = y8.to(tl.float32) * sc[:, None]
+                if RC == 2:
+                    S = store_nvfp4_chunk(S, rc_ptr, rs_ptr, rows, c, mask_v, gs, K, BKC, BV, SHARED, INTERPRET)
                 if CKPT_SR:
                     idx = idx_base + (o_v[:, None] * K + o_kc[None, :]).to(tl.int64)
                     tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask_v[:, None])
@@ -142,8 +150,8 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     if is_flush:
         stream = tl.load(folded_ptr + slot) + cur + 1
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, head_rows, o_v, mask_v, recg_ptr, reck_base, slot, i_h, o_r,
-                        mask_r, Dr, a_row, alog, dtb_row, d, k_row, rk, seed, stream, idx_base,
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, recg_ptr,
+                        reck_base, slot, i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, d, k_row, rk, seed, stream, idx_base,
                         H, K, R, HK * K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
     if i_v == 0:
@@ -175,7 +183,7 @@ def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr
                      mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
         stream = tl.load(folded_ptr + slot) + cnt
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, (slot * H + i_h) * V, o_v, mask_v, recg_ptr,
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v, recg_ptr,
                         reck_ptr + (slot * R * HK + i_hk) * K, slot, i_h, o_r, mask_r, Dr, recg_ptr, 0.0,
                         recg_ptr, tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
                         H, K, R, HK * K, BKC, BV, RC, CKPT_SR, SHARED, False, INTERPRET)
@@ -345,7 +353,6 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
     lv = LayerViews(pool, layer)
-    check(lv.rc_mode != common.RC_NVFP4, "KDA kernels support read_copy 'none' and 'fp8'")
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
@@ -356,8 +363,11 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     if B == 0:
         return out
     BV = _block_v(Dv, block_v)
-    rc, rs, rgs = lv.rc_args()
     nw = num_warps or default_warps(B, H)
+    if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
+        BV = next_pow2(Dv)
+        nw, block_k = max(nw, 8), block_k or 16
+    rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
     _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
@@ -376,7 +386,6 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     if getattr(pool.cfg, "mode", "replay") != "replay":
         raise ValueError("verify kernels need a pool in mode='replay' (conventional verify keeps snapshots)")
     lv = LayerViews(pool, layer)
-    check(lv.rc_mode != common.RC_NVFP4, "KDA kernels support read_copy 'none' and 'fp8'")
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     check(q.dim() == 4, f"q must be [B, T, Hk, Dk] for verify, got shape {tuple(q.shape)}")
@@ -427,6 +436,4 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 def fold(pool, layer, slots, counts, **kw):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy); counts 0 = no-op."""
-    lv = LayerViews(pool, layer)
-    check(lv.rc_mode != common.RC_NVFP4, "KDA kernels support read_copy 'none' and 'fp8'")
     common.fold(pool, layer, slots, counts, per_channel=True, **kw)

@@ -18,10 +18,12 @@ def params(g, H, Dk):
     return dict(A_log=(torch.randn(H, generator=g) * 0.5).to(DEV), dt_bias=(torch.randn(H, Dk, generator=g) * 0.5).to(DEV))
 
 
-@pytest.mark.parametrize("read_copy,ckpt", [("none", "fp32"), ("fp8", "fp32"), ("none", "fp16-sr")])
-def test_decode_window_crossing_flushes(read_copy, ckpt):
+@pytest.mark.parametrize("read_copy,ckpt,shared", [("none", "fp32", False), ("fp8", "fp32", False),
+                                                   ("none", "fp16-sr", False), ("nvfp4", "fp32", False),
+                                                   ("nvfp4", "fp16-sr", False), ("nvfp4", "fp32", True)])
+def test_decode_window_crossing_flushes(read_copy, ckpt, shared):
     g = torch.Generator().manual_seed(21)
-    pk = make_pool("kda", read_copy=read_copy, ckpt=ckpt, gen=g)
+    pk = make_pool("kda", read_copy=read_copy, ckpt=ckpt, shared_quant=shared, gen=g)
     pr = clone_pool(pk)
     H, Dv, Dk = pk.geo.state_shape
     Hk = pk.geo.num_k_heads
@@ -42,15 +44,17 @@ def test_decode_window_crossing_flushes(read_copy, ckpt):
     assert flushes >= 3
 
 
-def test_fold_matches_reference():
+@pytest.mark.parametrize("read_copy", ["fp8", "nvfp4"])
+def test_fold_matches_reference(read_copy):
     g = torch.Generator().manual_seed(22)
-    pk = make_pool("kda", read_copy="fp8", gen=g)
+    pk = make_pool("kda", read_copy=read_copy, gen=g)
     pr = clone_pool(pk)
+    before = snapshot(pk)
     kkda.fold(pk, 0, [2, 4, 6], [3, 0, 5])
     from sglang_replayssm.reference.replay import fold_rows
     fold_rows(pr, 0, [2, 6], [3, 5])
-    close(pk.ckpt, pr.ckpt)
-    close(pk.rc.float() * pk.rc_scale[..., None], pr.rc.float() * pr.rc_scale[..., None], rtol=0.07, atol=1e-3)
+    compare_pools(pk, pr, 0, read_copy, "fp32")
+    assert_untouched(before, pk, [2, 6])  # counts 0 (slot 4) is a no-op
 
 
 def test_conventional_decode():
@@ -69,7 +73,7 @@ def test_conventional_decode():
         assert torch.equal(state[s], before[s])
 
 
-@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "fp8")])
+@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "fp8"), (False, "nvfp4"), (True, "nvfp4")])
 def test_verify_then_commit(tree, read_copy):
     from .test_mamba2 import _paths
     g = torch.Generator().manual_seed(24 + tree)
@@ -86,6 +90,7 @@ def test_verify_then_commit(tree, read_copy):
     trees = [[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 1], [-1, 0, 1, 2]]
     parents = torch.tensor(trees, dtype=torch.int32, device=DEV) if tree else None
     for p in (pk, pr):
+        p.cursor[slots_l[0]] = p.cfg.window - 1  # this row's commit below must fold (window crossed)
         p.begin_verify(slots_l, T, trees[:3] if tree else None)
     before = snapshot(pk)
     ok = kkda.verify(pk, 0, slots, **x, **par, parents=parents)
@@ -96,10 +101,15 @@ def test_verify_then_commit(tree, read_copy):
     close(pk.rec_g, pr.rec_g)
     assert_untouched(before, pk, slots_l)
     acc = torch.randint(0, T + 1, (3,), generator=g).tolist()
+    acc[0] = 3 if tree else T  # the deepest node of trees[0]
     paths = _paths(trees, acc, T) if tree else None
     pk.commit(slots_l, acc, paths, fold=kkda.fold)
     pr.commit(slots_l, acc, paths)
     assert torch.equal(pk.cursor, pr.cursor) and torch.equal(pk.folded, pr.folded)
+    assert (pk.folded != before["folded"]).any()  # the commit folded at least one row with the kernel
     close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
+    if read_copy == "nvfp4":
+        assert (pk.rc == pr.rc).float().mean().item() > 0.98
+        close(pk.rc_gscale, pr.rc_gscale)
     x1 = inputs(g, 4, H, Hk, Dv, Dk)
     close(kkda.decode(pk, 0, slots, **x1, **par)[:3], rkda.decode(pr, 0, slots, **x1, **par)[:3], rtol=5e-4, atol=5e-5)
