@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-NEG = -1.0e30
+NEG = tl.constexpr(-1.0e30)   # a global a kernel reads must be a constexpr (compiled Triton refuses others)
 
 
 @triton.jit

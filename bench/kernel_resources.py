@@ -1,0 +1,262 @@
+"""Registers, spills, shared memory and occupancy of our Triton kernels on Hopper, without a GPU.
+
+Every kernel is compiled for sm_90 (H100/H200) by Triton's own pipeline through the real wrappers
+(kernels.gdn.decode etc.) on CPU tensors: a stand-in for Triton's active driver reports an sm_90
+device, `JITFunction.run` compiles instead of launching, and cuobjdump (shipped with Triton) reads
+the resource usage out of each cubin. The decode kernels are latency-bound at the batch sizes we
+serve (bench/README.md), so registers per thread -> resident warps per SM is the number to watch
+between GPU runs. Nothing is executed; the pool's contents do not matter.
+
+Run (CPU is fine; no GPU, no TRITON_INTERPRET):
+    python bench/kernel_resources.py --out bench/results
+Writes kernel_resources.json (+ a table on stdout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    sys.exit("kernel_resources.py compiles real kernels: unset TRITON_INTERPRET")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.driver import DriverBase  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sglang_replayssm.kernels import gdn as kgdn, kda as kkda, mamba2 as km2  # noqa: E402
+from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
+
+# Hopper SM limits (CUDA occupancy rules for compute capability 9.0)
+REGS_PER_SM = 65536
+MAX_WARPS_PER_SM = 64
+REG_ALLOC_UNIT = 256       # registers are allocated per warp in units of 256
+SMEM_PER_SM = 228 * 1024
+MAX_BLOCKS_PER_SM = 32
+
+GEOMS = {
+    "mamba2_nemotron3_super": dict(family="mamba2", H=128, Hk=8, Dv=64, Dk=128),
+    "mamba2_nemotron3_nano4b": dict(family="mamba2", H=96, Hk=8, Dv=80, Dk=128),
+    "gdn_qwen35_4b": dict(family="gdn", H=32, Hk=16, Dv=128, Dk=128),
+    "gdn_qwen35_122b": dict(family="gdn", H=64, Hk=16, Dv=128, Dk=128),
+    "kda_32h": dict(family="kda", H=32, Hk=32, Dv=128, Dk=128),
+}
+MODULES = {"mamba2": km2, "gdn": kgdn, "kda": kkda}
+
+
+class _Sm90(DriverBase):
+    """Triton's active driver as seen by JITFunction.run: an sm_90 device, nothing more."""
+
+    @classmethod
+    def is_active(cls):
+        return True
+
+    def map_python_to_cpp_type(self, ty):
+        raise NotImplementedError
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_benchmarker(self):
+        raise NotImplementedError
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_device_interface(self):
+        return torch.cuda
+
+    def get_empty_cache_for_benchmark(self):
+        raise NotImplementedError
+
+    def clear_cache(self, cache):
+        pass
+
+
+def resource_usage(cubin: bytes) -> dict:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    if m is None:
+        raise RuntimeError(f"no resource line in cuobjdump output:\n{text}")
+    reg, stack, shared, local = map(int, m.groups())
+    return dict(regs=reg, stack=stack, static_smem=shared, local=local)
+
+
+def occupancy(regs: int, num_warps: int, smem: int) -> dict:
+    """Resident blocks and warps per SM (registers, warps, shared memory and block-count limits)."""
+    per_warp = -(-regs * 32 // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+    by_regs = REGS_PER_SM // (per_warp * num_warps)
+    by_warps = MAX_WARPS_PER_SM // num_warps
+    by_smem = SMEM_PER_SM // smem if smem else MAX_BLOCKS_PER_SM
+    blocks = min(by_regs, by_warps, by_smem, MAX_BLOCKS_PER_SM)
+    return dict(blocks_per_sm=blocks, warps_per_sm=blocks * num_warps,
+                occupancy=blocks * num_warps / MAX_WARPS_PER_SM)
+
+
+class Recorder:
+    """Compiles (for sm_90) instead of launching, and keeps what each launch compiled."""
+
+    def __init__(self):
+        self.launches: list = []
+        self._orig = JITFunction.run
+
+    def __enter__(self):
+        rec = self
+
+        def run(fn, *args, grid, warmup, **kwargs):
+            kernel = rec._orig(fn, *args, grid=grid, warmup=True, **kwargs)
+            rec.launches.append((fn.fn.__name__, kernel))
+            return kernel
+
+        self._prev_driver = triton.runtime.driver._active
+        triton.runtime.driver.set_active(_Sm90())
+        JITFunction.run = run
+        return self
+
+    def __exit__(self, *exc):
+        JITFunction.run = self._orig
+        triton.runtime.driver._active = self._prev_driver
+
+    def take(self) -> list:
+        out, self.launches = self.launches, []
+        return out
+
+
+def make_pool(geo, read_copy="none", ckpt="fp32", nslots=8, window=16):
+    g = SSMGeometry(family=geo["family"], num_heads=geo["H"], head_v_dim=geo["Dv"], head_k_dim=geo["Dk"],
+                    num_k_heads=geo["Hk"])
+    cfg = ReplayConfig(window=window, max_drafts=8, read_copy=read_copy, ckpt=ckpt)
+    return ReplayStatePool(g, 1, nslots, cfg, device="cpu")
+
+
+def make_inputs(geo, B, T=None, dtype=torch.bfloat16):
+    H, Hk, Dv, Dk = geo["H"], geo["Hk"], geo["Dv"], geo["Dk"]
+    lead = (B,) if T is None else (B, T)
+    r = lambda *s: torch.zeros(*s, dtype=dtype)
+    if geo["family"] == "mamba2":
+        return dict(x=r(*lead, H, Dv), dt=r(*lead, H), A=torch.zeros(H), B=r(*lead, Hk, Dk), C=r(*lead, Hk, Dk),
+                    D=torch.zeros(H), dt_bias=torch.zeros(H), z=r(*lead, H, Dv))
+    kda = geo["family"] == "kda"
+    return dict(q=r(*lead, Hk, Dk), k=r(*lead, Hk, Dk), v=r(*lead, H, Dv), a=r(*lead, H, Dk) if kda else r(*lead, H),
+                b=r(*lead, H), A_log=torch.zeros(H), dt_bias=torch.zeros(H, Dk) if kda else torch.zeros(H))
+
+
+def cases(geos, batch, quick=False):
+    """(geometry, label, callable) for every kernel configuration the benchmarks time
+    (quick: one configuration per kernel and variant, for the CI check that everything compiles)."""
+    slots = torch.arange(1, batch + 1, dtype=torch.int32)
+    for name, geo in geos.items():
+        mod = MODULES[geo["family"]]
+        inp = make_inputs(geo, batch)
+        state = torch.zeros(batch + 1, geo["H"], geo["Dv"], geo["Dk"])
+        for bv, nw in ((16, 2),) if quick else ((32, 2), (16, 2)):
+            yield name, f"conventional bv{bv} w{nw}", lambda mod=mod, state=state, inp=inp, bv=bv, nw=nw: \
+                mod.conventional_decode(state, slots, **inp, block_v=bv, num_warps=nw)
+        variants = [("fp32", "none", "fp32"), ("fp8", "fp8", "fp32"), ("nvfp4", "nvfp4", "fp32"),
+                    ("fp16-sr", "none", "fp16-sr")]
+        for label, rc, ck in variants:
+            try:
+                pool = make_pool(geo, rc, ck, nslots=batch)
+            except Exception as e:  # an unsupported combination is reported, not hidden
+                yield name, f"decode {label}", e
+                continue
+            for bv, bk, nw in ((32, 32, 1),) if quick else ((32, 32, 1), (64, 16, 2), (32, 32, 4)):
+                yield name, f"decode {label} bv{bv} bk{bk} w{nw}", \
+                    lambda mod=mod, pool=pool, inp=inp, bv=bv, bk=bk, nw=nw: \
+                    mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw)
+            counts = torch.full((batch,), 3, dtype=torch.int32)
+            yield name, f"fold {label}", lambda mod=mod, pool=pool, counts=counts: mod.fold(pool, 0, slots, counts)
+        pool = make_pool(geo, nslots=batch)
+        for T in (4,) if quick else (1, 4, 8):
+            inp_t = make_inputs(geo, batch, T=T)
+            methods = ("fma", "mma") if geo["family"] == "gdn" else ("fma",)
+            for method in methods:
+                kw = {"method": method} if geo["family"] == "gdn" else {}
+                yield name, f"verify T{T} {method} bv32 bk16 w4", \
+                    lambda mod=mod, pool=pool, inp_t=inp_t, kw=kw: \
+                    mod.verify(pool, 0, slots, **inp_t, block_v=32, block_k=16, num_warps=4, **kw)
+    # the native engine's decode attention (reads the KV cache in place)
+    from sglang_replayssm.native.attention import cache_attention
+    for D, G in ((128, 4),) if quick else ((128, 4), (256, 4)):
+        Hkv, L = 8, 64
+        q = torch.zeros(batch, Hkv, G, D, dtype=torch.bfloat16)
+        kc = torch.zeros(batch + 1, L, Hkv, D, dtype=torch.bfloat16)
+        qpos = torch.zeros(batch, G, dtype=torch.int32)
+        yield "attention", f"decode D{D} G{G}", lambda q=q, kc=kc, qpos=qpos: \
+            cache_attention(q, kc, kc, slots, qpos, L, D ** -0.5)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--geos", default="all", help="comma-separated names of " + ", ".join(GEOMS))
+    ap.add_argument("--filter", default="", help="only labels containing this text")
+    ap.add_argument("--batch", type=int, default=4, help="rows per launch (does not change the code compiled)")
+    ap.add_argument("--quick", action="store_true", help="one configuration per kernel and variant")
+    args = ap.parse_args(argv)
+    unknown = [g for g in args.geos.split(",") if args.geos != "all" and g not in GEOMS]
+    if unknown:
+        ap.error(f"--geos: unknown geometry {unknown[0]!r} (choose from {', '.join(GEOMS)})")
+    geos = GEOMS if args.geos == "all" else {g: GEOMS[g] for g in args.geos.split(",")}
+    rows = []
+    t0 = time.time()
+    print(f"{'geometry':26s} {'launch':34s} {'kernel':28s} {'regs':>4s} {'spill':>5s} {'smem':>6s} "
+          f"{'warps':>5s} {'blk/SM':>6s} {'occ':>5s}")
+    with Recorder() as rec:
+        for name, label, fn in cases(geos, args.batch, args.quick):
+            if args.filter and args.filter not in label:
+                continue
+            if isinstance(fn, Exception):
+                rows.append(dict(geo=name, launch=label, error=str(fn)))
+                print(f"{name:26s} {label:34s} unsupported: {fn}")
+                continue
+            try:
+                fn()
+            except Exception as e:
+                rows.append(dict(geo=name, launch=label, error=f"{type(e).__name__}: {e}"))
+                print(f"{name:26s} {label:34s} error: {type(e).__name__}: {str(e)[:80]}")
+                rec.take()
+                continue
+            for kname, k in rec.take():
+                md = k.metadata
+                ru = resource_usage(k.asm["cubin"])
+                smem = max(int(md.shared), ru["static_smem"])
+                occ = occupancy(ru["regs"], md.num_warps, smem)
+                row = dict(geo=name, launch=label, kernel=kname, num_warps=md.num_warps, shared=smem, **ru, **occ)
+                rows.append(row)
+                print(f"{name:26s} {label:34s} {kname:28s} {ru['regs']:4d} {ru['local']:5d} {smem:6d} "
+                      f"{md.num_warps:5d} {occ['blocks_per_sm']:6d} {occ['occupancy']:5.2f}")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "kernel_resources.json")
+    meta = dict(command="python bench/kernel_resources.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                target="sm_90 (compiled offline)", triton=triton.__version__, torch=torch.__version__,
+                time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), seconds=round(time.time() - t0, 1))
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    print(f"wrote {path} ({len(rows)} rows, {meta['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
