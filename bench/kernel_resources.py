@@ -14,6 +14,7 @@ Writes kernel_resources.json (+ a table on stdout).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -101,6 +102,35 @@ def resource_usage(cubin: bytes) -> dict:
         raise RuntimeError(f"no resource line in cuobjdump output:\n{text}")
     reg, stack, shared, local = map(int, m.groups())
     return dict(regs=reg, stack=stack, static_smem=shared, local=local)
+
+
+def sass_fingerprint(cubin: bytes, dump: str | None = None) -> str:
+    """sha256 of the SASS instruction stream (addresses, encodings and symbol names stripped): equal
+    fingerprints mean a source change (e.g. folding repeated code into a shared @triton.jit helper)
+    left the machine code as it was."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    instrs = []
+    for line in text.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;?\s*(/\*.*\*/)?\s*$", line)
+        if m:
+            instrs.append(m.group(1))
+    if dump:
+        with open(dump, "w") as f:
+            f.write("\n".join(instrs) + "\n")
+    return hashlib.sha256("\n".join(instrs).encode()).hexdigest()[:16]
+
+
+def sass_path(folder, geo, label):
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{geo}__{label}") + ".sass")
 
 
 def occupancy(regs: int, num_warps: int, smem: int) -> dict:
@@ -214,6 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--filter", default="", help="only labels containing this text")
     ap.add_argument("--batch", type=int, default=4, help="rows per launch (does not change the code compiled)")
     ap.add_argument("--quick", action="store_true", help="one configuration per kernel and variant")
+    ap.add_argument("--sass-dir", default=None, help="also write each kernel's normalized SASS here (for diffs)")
     args = ap.parse_args(argv)
     unknown = [g for g in args.geos.split(",") if args.geos != "all" and g not in GEOMS]
     if unknown:
@@ -243,7 +274,8 @@ def main(argv=None) -> int:
                 ru = resource_usage(k.asm["cubin"])
                 smem = max(int(md.shared), ru["static_smem"])
                 occ = occupancy(ru["regs"], md.num_warps, smem)
-                row = dict(geo=name, launch=label, kernel=kname, num_warps=md.num_warps, shared=smem, **ru, **occ)
+                row = dict(geo=name, launch=label, kernel=kname, num_warps=md.num_warps, shared=smem, **ru, **occ,
+                           sass=sass_fingerprint(k.asm["cubin"], dump=sass_path(args.sass_dir, name, label)))
                 rows.append(row)
                 print(f"{name:26s} {label:34s} {kname:28s} {ru['regs']:4d} {ru['local']:5d} {smem:6d} "
                       f"{md.num_warps:5d} {occ['blocks_per_sm']:6d} {occ['occupancy']:5.2f}")

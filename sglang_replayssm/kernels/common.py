@@ -85,7 +85,10 @@ def store_nvfp4_chunk(S, rc_ptr, bs_ptr, rows, c, mask_v, gs, K: tl.constexpr, B
     o_b = c * NB + tl.arange(0, NB)
     tl.store(bs_ptr + rows[:, None] * (K // 16) + o_b[None, :], bs8, mask=mask_v[:, None])
     denom = bs8.to(tl.float32) * gs
-    y3 = tl.where(denom[:, :, None] > 0.0, S3 / tl.maximum(denom, 1e-38)[:, :, None], 0.0)
+    # 1e-38 is below the smallest normal fp32: as a Python float it would make Triton divide and
+    # compare in fp64 (and differ from the reference's fp32 division at the code thresholds)
+    tiny = tl.full([BV, NB], 1e-38, tl.float32)
+    y3 = tl.where(denom[:, :, None] > 0.0, S3 / tl.maximum(denom, tiny)[:, :, None], 0.0)
     ay = tl.abs(y3)
     idx = ((ay > 0.25).to(tl.int32) + (ay > 0.75).to(tl.int32) + (ay > 1.25).to(tl.int32)
            + (ay > 1.75).to(tl.int32) + (ay > 2.5).to(tl.int32) + (ay > 3.5).to(tl.int32)
@@ -334,6 +337,48 @@ def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_bas
 
 
 @triton.jit
+def read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC: tl.constexpr):
+    """Store and return the read copy's scales from the new state's row maxima amax [BV]: fp8
+    (RC=1) per-row scales amax/448, NVFP4 (RC=2) the per-head global scale max/(448*6) (the whole
+    head is in this program). 1.0 where the maximum is 0; the unused one is returned as 1.0."""
+    sc = tl.full(amax.shape, 1.0, tl.float32)
+    gs = 1.0
+    if RC == 1:
+        sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
+        tl.store(rs_ptr + rows, sc, mask=mask_v)
+    if RC == 2:
+        hmax = tl.max(amax, axis=0)
+        gs = tl.where(hmax == 0.0, 1.0, hmax / (448.0 * 6.0))
+        tl.store(rgs_ptr + i_head, gs)
+    return sc, gs
+
+
+@triton.jit
+def store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream, idx_base,
+                      K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr, RC: tl.constexpr,
+                      CKPT_SR: tl.constexpr, SHARED: tl.constexpr, INTERPRET: tl.constexpr):
+    """Write column chunk c (columns o_kc) of a folded state S [BV, BKC]: the read copy (fp8 with
+    per-row scales sc, or NVFP4 with global scale gs), then the checkpoint (fp32, or fp16 with
+    stochastic rounding). SHARED: the checkpoint gets the dequantized read copy."""
+    offs = rows[:, None] * K + o_kc[None, :]
+    if RC == 1:
+        y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
+        if INTERPRET:
+            y = round_e4m3(y)
+        y8 = y.to(tl.float8e4nv)
+        tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
+        if SHARED:
+            S = y8.to(tl.float32) * sc[:, None]
+    if RC == 2:
+        S = store_nvfp4_chunk(S, rc_ptr, rs_ptr, rows, c, mask_v, gs, K, BKC, BV, SHARED, INTERPRET)
+    if CKPT_SR:
+        idx = idx_base + (o_v[:, None] * K + o_kc[None, :]).to(tl.int64)
+        tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask_v[:, None])
+    else:
+        tl.store(ckpt_ptr + offs, S.to(ckpt_ptr.dtype.element_ty), mask=mask_v[:, None])
+
+
+@triton.jit
 def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, reck_base, recd_base,
                recg_base, cnt, gtot, alpha, dcur, k_row, rk, seed, stream, idx_base,
                RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr, K: tl.constexpr,
@@ -345,40 +390,20 @@ def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v
     (per-row scales need a first pass for the row maxima) or NVFP4 (the per-head global scale needs
     the whole head in this program: BV >= Dv). Reads S0 from the fp32/fp16 checkpoint."""
     rows = head_rows + o_v
+    amax = tl.zeros([BV], dtype=tl.float32)
     if RC != 0:
-        amax = tl.zeros([BV], dtype=tl.float32)
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
             S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
                                  gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
             amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
-        if RC == 1:
-            sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
-            tl.store(rs_ptr + rows, sc, mask=mask_v)
-        else:
-            hmax = tl.max(amax, axis=0)
-            gs = tl.where(hmax == 0.0, 1.0, hmax / (448.0 * 6.0))
-            tl.store(rgs_ptr + i_head, gs)
+    sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
         S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
                              gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
-        offs = rows[:, None] * K + o_kc[None, :]
-        if RC == 1:
-            y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
-            if INTERPRET:
-                y = round_e4m3(y)
-            y8 = y.to(tl.float8e4nv)
-            tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
-            if SHARED:
-                S = y8.to(tl.float32) * sc[:, None]
-        if RC == 2:
-            S = store_nvfp4_chunk(S, rc_ptr, rs_ptr, rows, c, mask_v, gs, K, BKC, BV, SHARED, INTERPRET)
-        if CKPT_SR:
-            idx = idx_base + (o_v[:, None] * K + o_kc[None, :]).to(tl.int64)
-            tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask_v[:, None])
-        else:
-            tl.store(ckpt_ptr + offs, S.to(ckpt_ptr.dtype.element_ty), mask=mask_v[:, None])
+        store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream, idx_base,
+                          K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
 
 
 @triton.jit

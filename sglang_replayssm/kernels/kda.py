@@ -12,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (default_warps, draft_structure, row_select, FOLD_PREC, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, fp16_sr,
-                     load_state_chunk, next_pow2, round_e4m3, softplus, store_nvfp4_chunk)
+from .common import (default_warps, draft_structure, row_select, FOLD_PREC, INTERPRET, LayerViews, check, check_slots,
+                     check_tensor, chunk_k, load_state_chunk, next_pow2, read_copy_scales, softplus,
+                     store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -47,15 +48,11 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, m
     A quantized read copy takes a first pass for the row maxima."""
     rows = head_rows + o_v
     amax = tl.zeros([BV], dtype=tl.float32)
+    sc = amax
+    gs = 1.0
     for p in tl.static_range(2 if RC != 0 else 1):
         if p == 1 or RC == 0:
-            if RC == 1:
-                sc = tl.where(amax == 0.0, 1.0, amax / 448.0)
-                tl.store(rs_ptr + rows, sc, mask=mask_v)
-            if RC == 2:
-                hmax = tl.max(amax, axis=0)
-                gs = tl.where(hmax == 0.0, 1.0, hmax / (448.0 * 6.0))
-                tl.store(rgs_ptr + i_head, gs)
+            sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
             KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog,
@@ -67,22 +64,8 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, m
             if RC != 0 and p == 0:
                 amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
             else:
-                offs = rows[:, None] * K + o_kc[None, :]
-                if RC == 1:
-                    y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
-                    if INTERPRET:
-                        y = round_e4m3(y)
-                    y8 = y.to(tl.float8e4nv)
-                    tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
-                    if SHARED:
-                        S = y8.to(tl.float32) * sc[:, None]
-                if RC == 2:
-                    S = store_nvfp4_chunk(S, rc_ptr, rs_ptr, rows, c, mask_v, gs, K, BKC, BV, SHARED, INTERPRET)
-                if CKPT_SR:
-                    idx = idx_base + (o_v[:, None] * K + o_kc[None, :]).to(tl.int64)
-                    tl.store(ckpt_ptr + offs, fp16_sr(S, seed, stream, idx), mask=mask_v[:, None])
-                else:
-                    tl.store(ckpt_ptr + offs, S.to(ckpt_ptr.dtype.element_ty), mask=mask_v[:, None])
+                store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
+                                  idx_base, K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])

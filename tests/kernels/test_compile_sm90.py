@@ -7,6 +7,7 @@ kernel through its real wrapper for sm_90 with Triton's own pipeline and ptxas, 
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ def test_every_kernel_compiles_for_sm90_without_spills(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     geos = "mamba2_nemotron3_nano4b,gdn_qwen35_4b,kda_32h"
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_resources.py"), "--quick", "--geos", geos,
-                        "--out", str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "--out", str(tmp_path), "--sass-dir", str(tmp_path / "sass")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads((tmp_path / "kernel_resources.json").read_text())["rows"]
     errors = [(row["geo"], row["launch"], row["error"][:300]) for row in rows if "error" in row]
@@ -33,6 +34,14 @@ def test_every_kernel_compiles_for_sm90_without_spills(tmp_path):
         assert row["local"] == 0, f"{row['kernel']} ({row['geo']}, {row['launch']}) spills {row['local']} bytes"
         assert 0 < row["regs"] <= 255 and row["blocks_per_sm"] >= 1, row
         # every read-copy format and checkpoint precision of every family compiles
+    # all the math is fp32: an fp64 instruction means a Python float constant outside the fp32 range
+    # (or an fp64 tensor) leaked into a kernel, which also changes results against the reference
+    fp64 = re.compile(r"\b(DADD|DMUL|DFMA|DSETP|DMNMX|DSET|MUFU\.RCP64H|MUFU\.RSQ64H|F2F\.F64\.F32|F2F\.F32\.F64)\b")
+    sass = sorted((tmp_path / "sass").glob("*.sass"))
+    assert len(sass) == len(rows)
+    for f in sass:
+        hits = [ln for ln in f.read_text().splitlines() if fp64.search(ln)]
+        assert not hits, f"{f.name}: fp64 instructions, e.g. {hits[:3]}"
     labels = {(row["geo"], row["launch"].split(" bv")[0]) for row in rows}
     for geo in geos.split(","):
         for v in ("fp32", "fp8", "nvfp4", "fp16-sr"):
