@@ -15,20 +15,28 @@ tokens per row (output-only ReplaySSM verify, draft records appended) + the poin
   python bench/e2e.py                 # GPU: both models, batch 1/64/256/512, writes bench/results/e2e.json + .png
   python bench/e2e.py --quick         # CPU check with tiny shapes (seconds)
   python bench/e2e.py --plot bench/results/e2e.json   # redraw the PNG from a JSON
+  python bench/e2e.py --fused both    # GPU: time every mode with the fused non-SSM kernels off and on
+  python bench/e2e.py --count-kernels # CPU: device kernels per decode/verify forward, fused off vs on
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import gc
 import json
+import os
 import platform
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+if "--count-kernels" in sys.argv:   # Triton kernels run (and are counted) on CPU under the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -232,12 +240,49 @@ def verify_bench(cfg, model, batch, T, args, device, timer):
             "tokens_per_s_all_accepted": batch * T / ((fwd_ms + commit_ms) * 1e-3)}
 
 
+def time_batches(cfg, model, batches, args, device, timer):
+    """Decode modes and verify steps of every batch size into batches[str(B)]."""
+    for batch in args.batches:
+        row = batches[str(batch)] = {}
+        for mode in args.modes:
+            row[mode] = decode_bench(cfg, model, batch, mode, args, device, timer)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            print(f"  B={batch:4d} {mode:12s} {row[mode]['ms']:8.3f} ms/step  "
+                  f"{row[mode]['tokens_per_s']:10.0f} tok/s  SSM state {row[mode]['state_GBps']:7.1f} GB/s"
+                  f"  ({row[mode]['backend']}{', graph' if row[mode]['graph'] else ''})", flush=True)
+        for mode in args.modes[1:]:
+            if mode == "no-ssm":
+                row["ssm_share_conventional"] = 1 - row[mode]["ms"] / row["conventional"]["ms"]
+                print(f"  B={batch:4d} SSM work is {100 * row['ssm_share_conventional']:.0f}% of a conventional "
+                      f"step (no-ssm floor {row[mode]['ms']:.3f} ms)", flush=True)
+                continue
+            key = "speedup" if mode == "replay" else f"speedup_{mode}"
+            row[key] = row["conventional"]["ms"] / row[mode]["ms"]
+            print(f"  B={batch:4d} {mode} speedup over conventional {row[key]:.3f}x", flush=True)
+        row["spec"] = {}
+        for T in args.verify_tokens:
+            v = row["spec"][str(T)] = verify_bench(cfg, model, batch, T, args, device, timer)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if "skipped" in v:
+                print(f"  B={batch:4d} verify T={T}: skipped ({v['skipped']})", flush=True)
+                continue
+            v["verify_over_decode"] = v["verify_ms"] / row.get("replay", row["conventional"])["ms"]
+            print(f"  B={batch:4d} verify T={T} ({T - 1} drafts) {v['verify_ms']:8.3f} ms"
+                  f"{' (graph)' if v['graph'] else ''} + commit "
+                  f"{v['commit_ms']:.3f} ms = {v['verify_over_decode']:.2f}x a decode step; "
+                  f"{v['tokens_per_s_all_accepted']:.0f} tok/s if all accepted", flush=True)
+
+
 def run(args) -> dict:
     device = torch.device(args.device)
     timer = Timer(device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     res = {"command": "python bench/e2e.py " + " ".join(sys.argv[1:]), "device": str(device),
-           "attention": args.attention_impl,
+           "attention": args.attention_impl, "fused": args.fused,
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
            "torch": torch.__version__, "dtype": args.dtype, "window": args.window, "context": args.context,
            "iters": args.iters, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "models": {}}
@@ -247,44 +292,112 @@ def run(args) -> dict:
         model = HybridModel(cfg, random_weights(cfg, seed=0, device=device, dtype=dtype), device=device, dtype=dtype,
                             attn_impl=args.attention_impl)
         entry = res["models"][name] = {"family": cfg.family, "ssm_layers": cfg.num_ssm_layers,
-                                       "attention_layers": cfg.num_attn_layers, "batches": {}}
-        for batch in args.batches:
-            row = entry["batches"][str(batch)] = {}
-            for mode in args.modes:
-                row[mode] = decode_bench(cfg, model, batch, mode, args, device, timer)
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                print(f"  B={batch:4d} {mode:12s} {row[mode]['ms']:8.3f} ms/step  "
-                      f"{row[mode]['tokens_per_s']:10.0f} tok/s  SSM state {row[mode]['state_GBps']:7.1f} GB/s"
-                      f"  ({row[mode]['backend']}{', graph' if row[mode]['graph'] else ''})", flush=True)
-            for mode in args.modes[1:]:
-                if mode == "no-ssm":
-                    row["ssm_share_conventional"] = 1 - row[mode]["ms"] / row["conventional"]["ms"]
-                    print(f"  B={batch:4d} SSM work is {100 * row['ssm_share_conventional']:.0f}% of a conventional "
-                          f"step (no-ssm floor {row[mode]['ms']:.3f} ms)", flush=True)
-                    continue
-                key = "speedup" if mode == "replay" else f"speedup_{mode}"
-                row[key] = row["conventional"]["ms"] / row[mode]["ms"]
-                print(f"  B={batch:4d} {mode} speedup over conventional {row[key]:.3f}x", flush=True)
-            row["spec"] = {}
-            for T in args.verify_tokens:
-                v = row["spec"][str(T)] = verify_bench(cfg, model, batch, T, args, device, timer)
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                if "skipped" in v:
-                    print(f"  B={batch:4d} verify T={T}: skipped ({v['skipped']})", flush=True)
-                    continue
-                v["verify_over_decode"] = v["verify_ms"] / row.get("replay", row["conventional"])["ms"]
-                print(f"  B={batch:4d} verify T={T} ({T - 1} drafts) {v['verify_ms']:8.3f} ms"
-                      f"{' (graph)' if v['graph'] else ''} + commit "
-                      f"{v['commit_ms']:.3f} ms = {v['verify_over_decode']:.2f}x a decode step; "
-                      f"{v['tokens_per_s_all_accepted']:.0f} tok/s if all accepted", flush=True)
+                                       "attention_layers": cfg.num_attn_layers}
+        for fused in {"off": [False], "on": [True], "both": [False, True]}[args.fused]:
+            # "batches": the PyTorch element-wise path (as in earlier runs); "batches_fused": fused.py kernels
+            model.fused = fused
+            print(f"  fused non-SSM kernels: {'on' if fused else 'off'}", flush=True)
+            time_batches(cfg, model, entry.setdefault("batches_fused" if fused else "batches", {}), args, device,
+                         timer)
         del model
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return res
+
+
+# --------------------------------------------------------------------------- kernel counts (no timing)
+# aten ops that never launch a device kernel (views, metadata, allocation) or only through a child op
+NO_KERNEL = {"empty", "empty_strided", "empty_like", "view", "_reshape_alias", "_unsafe_view", "as_strided", "reshape",
+             "resolve_conj", "resolve_neg", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand", "slice",
+             "select", "split", "split_with_sizes", "chunk", "narrow", "unfold", "flatten", "detach", "alias",
+             "resize_", "lift_fresh", "to", "_to_copy", "contiguous", "linear", "matmul", "clone", "zeros_like",
+             "unbind", "view_as", "expand_as", "result_type", "_has_compatible_shallow_copy_type", "detach_"}
+
+
+def tiny_copy(cfg: HybridConfig) -> HybridConfig:
+    """The same blocks and options (gates, norms, RoPE, GQA ratio, tied embeddings) at toy dimensions:
+    the kernel count of a step depends on the structure, not on the sizes."""
+    G = cfg.num_attention_heads // cfg.num_key_value_heads
+    head_dim = 16
+    return dataclasses.replace(cfg, vocab_size=512, hidden_size=64, num_key_value_heads=2,
+                               num_attention_heads=2 * G, head_dim=head_dim,
+                               rotary_dim=cfg.rotary_dim * head_dim // cfg.head_dim, intermediate_size=96,
+                               ssm_heads=2 * cfg.ssm_heads // cfg.ssm_k_heads, ssm_k_heads=2, ssm_head_v_dim=8,
+                               ssm_head_k_dim=16).validate()
+
+
+class _StubSSMOps(NoSSMOps):
+    """SSM layers as one marked region each (counted apart: they are the SSM kernels, not this count)."""
+
+    def run(self, layer, slots, mode, inputs, T):
+        with torch.profiler.record_function("ssm::layer"):
+            return super().run(layer, slots, mode, inputs, T)
+
+
+def _launches(prof) -> collections.Counter:
+    """Kernel launches in a CPU profile: each Triton launch (marked) once, and each outermost aten op that
+    is not in NO_KERNEL once (what it calls is not counted again: on CPU, mean = sum + fill + div, a
+    scalar operand is copied into a tensor, ... where CUDA launches one kernel; composites such as
+    linear / to / reshape are looked through to the op that launches)."""
+    out = collections.Counter()
+
+    def walk(ev):
+        if ev.name.startswith(("triton::", "ssm::")):
+            out[ev.name] += 1
+        elif ev.name.startswith("aten::") and ev.name.removeprefix("aten::") not in NO_KERNEL:
+            out[ev.name] += 1
+        else:
+            for c in ev.cpu_children:
+                walk(c)
+
+    for ev in prof.events():
+        if ev.cpu_parent is None:
+            walk(ev)
+    return out
+
+
+def count_kernels(names) -> dict:
+    """Device kernels per decode forward (T = 1) and verify forward (T = 5) of tiny copies of the named
+    shapes in bf16, B = 2, Triton attention (the CUDA default), SSM kernels excluded, fused off vs on."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run_orig = InterpretedFunction.run
+
+    def run_marked(self, *a, **kw):
+        with torch.profiler.record_function("triton::" + self.fn.__name__):
+            return run_orig(self, *a, **kw)
+
+    InterpretedFunction.run = run_marked
+    res = {"command": "python bench/e2e.py " + " ".join(sys.argv[1:]), "torch": torch.__version__,
+           "note": "CPU count of launches per forward (structure only; not a timing); SSM layers stubbed", "models": {}}
+    try:
+        for name in names:
+            cfg = tiny_copy(model_config(name))
+            weights = random_weights(cfg, seed=0, dtype=torch.bfloat16)
+            entry = res["models"][name] = {}
+            for fused in (False, True):
+                model = HybridModel(cfg, weights, attn_impl="triton", fused=fused, dtype=torch.bfloat16)
+                for mode, T in (("decode", 1), ("verify", 5)):
+                    st = make_state(cfg, model, 2, "no-ssm", 16, T if mode == "verify" else 0, 32, "cpu", "reference")
+                    st.ops = _StubSSMOps(cfg.family)
+                    tokens, pos = torch.zeros(2, T, dtype=torch.long), torch.full((2,), 20)
+                    model.forward(tokens, pos, st.slots, mode, st, 20 + T)          # warm-up (RoPE tables)
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                        model.forward(tokens, pos, st.slots, mode, st, 20 + T)
+                    c = _launches(prof)
+                    ssm = c.pop("ssm::layer", 0)
+                    triton_n = sum(v for k, v in c.items() if k.startswith("triton::"))
+                    entry[f"{mode}_{'fused' if fused else 'torch'}"] = {
+                        "kernels": sum(c.values()), "triton": triton_n, "aten": sum(c.values()) - triton_n,
+                        "ssm_layers_excluded": ssm, "by_op": dict(sorted(c.items()))}
+            d0, d1 = entry["decode_torch"]["kernels"], entry["decode_fused"]["kernels"]
+            v0, v1 = entry["verify_torch"]["kernels"], entry["verify_fused"]["kernels"]
+            print(f"{name}: {cfg.num_ssm_layers} {cfg.family} + {cfg.num_attn_layers} attention + "
+                  f"{cfg.blocks.count('mlp')} MLP blocks; kernels per forward (SSM kernels excluded): "
+                  f"decode {d0} -> {d1} fused, verify T=5 {v0} -> {v1} fused", flush=True)
+    finally:
+        InterpretedFunction.run = run_orig
     return res
 
 
@@ -297,10 +410,11 @@ def plot(res: dict, path: Path) -> None:
         print("matplotlib not installed: no PNG (rerun with --plot JSON where it is)")
         return
     models = list(res["models"])
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
-    for ax, name in zip(axes[0], models):
-        batches = list(res["models"][name]["batches"])
-        rows = [res["models"][name]["batches"][b] for b in batches]
+    keys = [k for k in ("batches", "batches_fused") if k in res["models"][models[0]]]
+    fig, axes = plt.subplots(len(keys), len(models), figsize=(6 * len(models), 4.2 * len(keys)), squeeze=False)
+    for ax, (key, name) in zip(axes.flat, [(k, n) for k in keys for n in models]):
+        batches = list(res["models"][name][key])
+        rows = [res["models"][name][key][b] for b in batches]
         x = range(len(batches))
         modes = [m for m in ("conventional", "replay", "replay-fp8", "no-ssm") if m in rows[0]]
         width = 0.8 / len(modes)
@@ -316,7 +430,8 @@ def plot(res: dict, path: Path) -> None:
                                 va="bottom", fontsize=8)
         ax.set_xticks(list(x), [f"B={b}" for b in batches])
         ax.set_ylabel("decode step (ms)")
-        ax.set_title(f"{name} ({res['dtype']}, {res['device_name']})", fontsize=10)
+        fused = {"batches": "", "batches_fused": ", fused kernels"}[key]
+        ax.set_title(f"{name} ({res['dtype']}, {res['device_name']}{fused})", fontsize=10)
         ax.legend()
     fig.suptitle(res["command"], fontsize=8)
     fig.tight_layout()
@@ -345,14 +460,34 @@ def main(argv=None) -> int:
                    help="decode/verify attention: Triton over the KV cache in place (auto on CUDA) or SDPA on "
                         "gathered K/V")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--fused", nargs="?", const="on", default=None, choices=("both", "on", "off"),
+                   help="non-SSM element-wise work through native/fused.py's Triton kernels: both (default on "
+                        "CUDA: every mode timed off, then on; JSON keys batches / batches_fused), on (--fused), "
+                        "off (default on CPU unless TRITON_INTERPRET=1)")
+    p.add_argument("--no-fused", dest="fused", action="store_const", const="off", help="same as --fused off")
+    p.add_argument("--count-kernels", action="store_true",
+                   help="no timing: count the device kernels of one decode and one verify forward of tiny copies "
+                        "of the --models shapes, fused off vs on (CPU, Triton interpreter) -> e2e_kernel_counts.json")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
     args = p.parse_args(argv)
     if args.plot:
         plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
         return 0
+    if args.count_kernels:
+        res = count_kernels(args.models or ["nemotron-3-nano-4b", "qwen3.5-4b"])
+        out = Path(args.out or ROOT / "bench" / "results" / "e2e_kernel_counts.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=2))
+        print(f"wrote {out}")
+        return 0
     if not args.quick and torch.device(args.device).type != "cuda":
         p.error("--device: the full benchmark needs a GPU; use --quick for a CPU check")
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if args.fused is None:
+        args.fused = "both" if torch.device(args.device).type == "cuda" or interpret else "off"
+    if args.fused != "off" and torch.device(args.device).type != "cuda" and not interpret:
+        p.error("--fused: the Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)")
     if args.modes[0] != "conventional":
         p.error("--modes: the first mode must be conventional (the baseline of the speedups)")
     args.attention_impl = args.attention if args.attention != "auto" else (

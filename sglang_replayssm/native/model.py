@@ -154,14 +154,21 @@ def linear(x, w, b=None):
     return F.linear(x, w, b)
 
 
-def rope(x, positions, rotary_dim: int, theta: float):
-    """Rotary embedding (rotate-half form) on the first rotary_dim channels. x: [B, T, H, D]."""
+def rope_tables(n: int, rotary_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, rotary_dim] (fp32) of positions 0..n-1, rotate-half layout (frequencies repeated)."""
+    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim))
+    freqs = torch.arange(n, device=device, dtype=torch.float32)[:, None] * inv
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rope(x, cos, sin):
+    """Rotary embedding (rotate-half form) on the first rotary_dim = cos.shape[-1] channels.
+    x: [B, T, H, D]; cos, sin: [B, T, rotary_dim] fp32 (rows of `rope_tables` gathered by position)."""
+    rotary_dim = cos.shape[-1]
     if rotary_dim == 0:
         return x
-    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=x.device, dtype=torch.float32) / rotary_dim))
-    freqs = positions.float()[..., None] * inv                  # [B, T, rd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]       # [B, T, 1, rd]
-    cos, sin = emb.cos(), emb.sin()
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     xr, xp = x[..., :rotary_dim].float(), x[..., rotary_dim:]
     x1, x2 = xr.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
@@ -170,12 +177,19 @@ def rope(x, positions, rotary_dim: int, theta: float):
 
 # --------------------------------------------------------------------------- the model
 class HybridModel:
+    """The decoder. Projections that read the same input are merged at construction into one GEMM each
+    (attention q|k|v, MLP gate|up, GDN in_qkv|in_z|in_a|in_b; outputs split by views); the canonical
+    per-projection names stay the input format (`param_shapes`, loader). `fused` (default: on CUDA)
+    runs the element-wise work of the non-SSM layers through the Triton kernels of fused.py; the
+    PyTorch code here is the CPU path and their oracle."""
+
     def __init__(self, cfg: HybridConfig, weights: dict, device="cpu", dtype=torch.float32,
-                 attn_impl: str | None = None):
+                 attn_impl: str | None = None, fused: bool | None = None):
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         # decode/verify attention: "triton" (native/attention.py, reads the KV cache in place; default on
         # CUDA) or "sdpa" (gathers the sequences' K/V, then PyTorch SDPA; default on CPU, always prefill)
         self.attn_impl = attn_impl or ("triton" if self.device.type == "cuda" else "sdpa")
+        self.fused = self.device.type == "cuda" if fused is None else bool(fused)
         expected = param_shapes(cfg)
         missing = sorted(set(expected) - set(weights))
         if missing:
@@ -189,6 +203,7 @@ class HybridModel:
             self.w[name] = t.to(device=self.device, dtype=torch.float32 if fp32 else dtype).contiguous()
         if "lm_head_bias" in weights:
             self.w["lm_head_bias"] = weights["lm_head_bias"].to(self.device, torch.float32)
+        self._merge_projections()
         self.ssm_index, self.attn_index = {}, {}
         for i, kind in enumerate(cfg.blocks):
             if kind == "ssm":
@@ -196,6 +211,35 @@ class HybridModel:
             elif kind == "attention":
                 self.attn_index[i] = len(self.attn_index)
         self.A = {i: -torch.exp(self.w[f"b{i}.A_log"]) for i in self.ssm_index}
+        self._cos = self._sin = None   # RoPE tables, grown to the longest KV cache seen (rope_tables)
+
+    def _merge_projections(self):
+        """One weight (and bias) per group of projections of the same input, concatenated along the
+        output dimension; the separate tensors are dropped (no second copy of the weights)."""
+        cfg, w = self.cfg, self.w
+
+        def merge(p, new, names, bias_names=None):
+            w[p + new] = torch.cat([w.pop(p + n) for n in names], dim=0)
+            if bias_names is not None:
+                w[p + new + "_bias"] = torch.cat([w.pop(p + b) if isinstance(b, str) else b for b in bias_names])
+
+        for i, kind in enumerate(cfg.blocks):
+            p = f"b{i}."
+            if kind == "attention":
+                merge(p, "qkv", ["q", "k", "v"], ["q_bias", "k_bias", "v_bias"] if cfg.attn_bias else None)
+            elif kind == "mlp" and cfg.mlp_gated:
+                bias = None
+                if cfg.mlp_bias:   # the gate has no bias: zeros in its half
+                    bias = [torch.zeros(cfg.intermediate_size, device=self.device, dtype=w[p + "up_bias"].dtype),
+                            "up_bias"]
+                merge(p, "gate_up", ["gate", "up"], bias)
+            elif kind == "ssm" and cfg.family == "gdn":
+                merge(p, "in_proj", ["in_qkv", "in_z", "in_a", "in_b"])
+
+    def _rope(self, n: int):
+        if self._cos is None or self._cos.shape[0] < n:
+            self._cos, self._sin = rope_tables(max(n, 256), self.cfg.rotary_dim, self.cfg.rope_theta, self.device)
+        return self._cos, self._sin
 
     # ------------------------------------------------------------------ forward
     def forward(self, tokens, pos, slots, mode: str, ctx, max_len: int):
@@ -204,82 +248,138 @@ class HybridModel:
         [B, V] for prefill (last position), [B, T, V] otherwise."""
         assert mode in ("prefill", "decode", "verify"), mode
         cfg, w = self.cfg, self.w
+        B, T = tokens.shape
         slots32, slots = slots.to(torch.int32), slots.long()   # kernels take int32, indexing int64
         h = F.embedding(tokens, w["embed"])
+        att = None
+        if cfg.num_attn_layers:   # per-step attention inputs, shared by all attention layers
+            att = self._attention_inputs(pos, T, ctx, max_len)
+        x = None
         for i, kind in enumerate(cfg.blocks):
-            x = rms_norm(h, w[f"b{i}.norm"], cfg.norm_eps)
+            h, x = self._add_norm(h, x, w[f"b{i}.norm"])
             if kind == "mlp":
                 x = self._mlp(i, x)
             elif kind == "attention":
-                x = self._attention(i, x, pos, slots, ctx, max_len)
+                x = self._attention(i, x, pos, slots, slots32, ctx, max_len, att)
             elif cfg.family == "mamba2":
                 x = self._mamba2(i, x, slots, slots32, mode, ctx)
             else:
                 x = self._gdn(i, x, slots, slots32, mode, ctx)
-            h = h + x
         if mode == "prefill":
-            h = h[:, -1]
-        h = rms_norm(h, w["final_norm"], cfg.norm_eps)
+            h, x = h[:, -1], x[:, -1]
+        _, h = self._add_norm(h, x, w["final_norm"])
         logits = linear(h, w["embed"] if cfg.tie_word_embeddings else w["lm_head"]).float()
         if "lm_head_bias" in w:
             logits = logits + w["lm_head_bias"]
         return logits
 
+    def _add_norm(self, h, x, weight):
+        """The residual add of the previous block's output x (None before the first block) and the next
+        pre-norm: returns (h + x, rms_norm(h + x))."""
+        if self.fused:
+            from .fused import add_rms_norm
+            return add_rms_norm(h, x, weight, self.cfg.norm_eps)
+        if x is not None:
+            h = h + x
+        return h, rms_norm(h, weight, self.cfg.norm_eps)
+
+    def _attention_inputs(self, pos, T, ctx, max_len):
+        """Positions [B, T], query positions of the Triton attention [B, T * G], RoPE rows [B, T, rd]."""
+        cfg = self.cfg
+        out = {}
+        triton_attn = self.attn_impl == "triton" and T <= 16
+        if not self.fused or not triton_attn:
+            out["positions"] = pos[:, None] + torch.arange(T, device=pos.device)                 # [B, T]
+        if triton_attn:
+            G = cfg.num_attention_heads // cfg.num_key_value_heads
+            qpos = pos[:, None] + torch.arange(T, device=pos.device).repeat_interleave(G)
+            out["qpos"] = qpos.to(torch.int32)                                                      # [B, T*G]
+        if cfg.rotary_dim:
+            cos, sin = self._rope(max(max_len, getattr(ctx.kv, "max_len", 0)))
+            if self.fused:
+                out["tables"] = (cos, sin)
+            else:
+                out["cos"], out["sin"] = cos[out["positions"]], sin[out["positions"]]
+        return out
+
     # ------------------------------------------------------------------ blocks
     def _mlp(self, i, x):
-        w, p = self.w, f"b{i}."
-        up = linear(x, w[p + "up"], w.get(p + "up_bias"))
-        if self.cfg.mlp_gated:
-            act = F.silu(linear(x, w[p + "gate"])) if self.cfg.mlp_act == "silu" else torch.relu(linear(x, w[p + "gate"])).square()
-            up = act * up
+        cfg, w, p = self.cfg, self.w, f"b{i}."
+        if cfg.mlp_gated:
+            gate, up = linear(x, w[p + "gate_up"], w.get(p + "gate_up_bias")).split(cfg.intermediate_size, dim=-1)
         else:
-            up = F.silu(up) if self.cfg.mlp_act == "silu" else torch.relu(up).square()
-        return linear(up, w[p + "down"], w.get(p + "down_bias"))
+            gate, up = linear(x, w[p + "up"], w.get(p + "up_bias")), None
+        if self.fused:
+            from .fused import act_mul
+            act = act_mul(gate, up, cfg.mlp_act)
+        else:
+            act = F.silu(gate) if cfg.mlp_act == "silu" else torch.relu(gate).square()
+            if up is not None:
+                act = act * up
+        return linear(act, w[p + "down"], w.get(p + "down_bias"))
 
-    def _attention(self, i, x, pos, slots, ctx, max_len):
+    def _attention(self, i, x, pos, slots, slots32, ctx, max_len, att):
         cfg, w, p = self.cfg, self.w, f"b{i}."
         B, T, _ = x.shape
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = linear(x, w[p + "q"], w.get(p + "q_bias"))
+        nq = H * D * (2 if cfg.attn_output_gate else 1)
+        q, k, v = linear(x, w[p + "qkv"], w.get(p + "qkv_bias")).split([nq, Hkv * D, Hkv * D], dim=-1)
         gate = None
         if cfg.attn_output_gate:
-            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
-            gate = gate.reshape(B, T, H * D)
-        q = q.reshape(B, T, H, D)
-        k = linear(x, w[p + "k"], w.get(p + "k_bias")).view(B, T, Hkv, D)
-        v = linear(x, w[p + "v"], w.get(p + "v_bias")).view(B, T, Hkv, D)
-        if cfg.qk_norm:
-            q = rms_norm(q, w[p + "q_norm"], cfg.norm_eps)
-            k = rms_norm(k, w[p + "k_norm"], cfg.norm_eps)
-        positions = pos[:, None] + torch.arange(T, device=pos.device)          # [B, T]
-        q = rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
-        k = rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)       # [B, T, H, D] views
+        else:
+            q = q.view(B, T, H, D)
+        k, v = k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
         layer = self.attn_index[i]
-        ctx.kv.write(layer, slots, pos, k, v)
+        if self.fused:   # norm + RoPE of q; of k straight into the cache; v copied into the cache
+            from .fused import norm_rope
+            cos, sin = att.get("tables", (None, None))
+            eps, rd = cfg.norm_eps, cfg.rotary_dim
+            qn, kn = (w[p + "q_norm"], w[p + "k_norm"]) if cfg.qk_norm else (None, None)
+            if qn is not None or rd:
+                q = norm_rope(q, pos, eps, qn, cos, sin, rd)
+            norm_rope(k, pos, eps, kn, cos, sin, rd, cache=ctx.kv.k[layer], slots=slots32)
+            norm_rope(v, pos, cache=ctx.kv.v[layer], slots=slots32)
+        else:
+            if cfg.qk_norm:
+                q = rms_norm(q, w[p + "q_norm"], cfg.norm_eps)
+                k = rms_norm(k, w[p + "k_norm"], cfg.norm_eps)
+            if cfg.rotary_dim:
+                q, k = rope(q, att["cos"], att["sin"]), rope(k, att["cos"], att["sin"])
+            ctx.kv.write(layer, slots, pos, k, v)
         # grouped-query attention without copying K/V per query head: the G = H / Hkv query heads of
         # a KV head become G query rows of that KV head (row t * G + g: token t, head kv * G + g)
         G = H // Hkv
-        qg = q.view(B, T, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, T * G, D)
-        if self.attn_impl == "triton" and T <= 16:
+        qg = q.reshape(B, T, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(B, Hkv, T * G, D)
+        if "qpos" in att:
             from .attention import cache_attention
 
-            qpos = positions.repeat_interleave(G, dim=1)                                          # [B, T*G]
-            o = cache_attention(qg, ctx.kv.k[layer], ctx.kv.v[layer], slots, qpos, max_len, D ** -0.5)
+            o = cache_attention(qg, ctx.kv.k[layer], ctx.kv.v[layer], slots32, att["qpos"], max_len, D ** -0.5)
         else:
+            positions = att["positions"]
             K_, V_ = ctx.kv.read(layer, slots, max_len)                                            # [B, L, Hkv, D]
             mask = torch.arange(max_len, device=pos.device)[None, None, :] <= positions[:, :, None]  # [B, T, L]
             mask = mask.repeat_interleave(G, dim=1)[:, None]                                     # [B, 1, T*G, L]
             o = F.scaled_dot_product_attention(qg, K_.transpose(1, 2), V_.transpose(1, 2), attn_mask=mask,
                                                scale=D ** -0.5)                                  # [B, Hkv, T*G, D]
-        o = o.view(B, Hkv, T, G, D).permute(0, 2, 1, 3, 4).reshape(B, T, H * D)
+        o = o.view(B, Hkv, T, G, D).permute(0, 2, 1, 3, 4).reshape(B, T, H, D)
         if gate is not None:
-            o = o * torch.sigmoid(gate)
-        return linear(o, w[p + "o"], w.get(p + "o_bias"))
+            if self.fused:
+                from .fused import act_mul
+                o = act_mul(gate, o, "sigmoid")
+            else:
+                o = o * torch.sigmoid(gate)
+        return linear(o.reshape(B, T, H * D), w[p + "o"], w.get(p + "o_bias"))
 
-    def _conv(self, i, xc, slots, mode, ctx):
+    def _conv(self, i, xc, slots, slots32, mode, ctx):
         """Depthwise causal conv + SiLU over [B, T, C], continuing from the pool's conv state."""
         layer, K = self.ssm_index[i], self.cfg.conv_kernel
         T = xc.shape[1]
+        if self.fused and T <= 16:
+            from .fused import conv_update
+            conv_in = ctx.pool.conv_in[layer] if mode == "verify" else None
+            return conv_update(xc, ctx.pool.conv[layer], self.w[f"b{i}.conv_w"], self.w.get(f"b{i}.conv_b"),
+                               slots32, conv_in)
         state = ctx.pool.conv[layer, slots].to(xc.dtype)                     # [B, C, K-1]
         xa = torch.cat((state, xc.transpose(1, 2)), dim=2)                   # [B, C, K-1+T]
         win = xa.unfold(2, K, 1)                                             # [B, C, T, K]
@@ -298,27 +398,37 @@ class HybridModel:
         H, P, N, G, I = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads, cfg.ssm_inner
         proj = linear(x, w[p + "in_proj"], w.get(p + "in_proj_bias"))
         z, xbc, dt = proj.split([I, cfg.conv_dim, H], dim=-1)
-        xbc = self._conv(i, xbc, slots, mode, ctx)
+        xbc = self._conv(i, xbc, slots, slots32, mode, ctx)
         xs, Bm, Cm = xbc.split([I, G * N, G * N], dim=-1)
         inputs = (xs.reshape(B, T, H, P), dt, self.A[i], Bm.reshape(B, T, G, N), Cm.reshape(B, T, G, N),
                   w[p + "D"], w[p + "dt_bias"])
         y = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, P]
         # gated RMSNorm over groups of I // G channels, gate applied before the norm (Nemotron-H)
-        y = y.reshape(B, T, I).float() * F.silu(z.float())
-        y = y.view(B, T, G, I // G)
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
-        y = (w[p + "gnorm"] * y.reshape(B, T, I)).to(x.dtype)
+        if self.fused:
+            from .fused import group_rms_norm
+            y = group_rms_norm(y.reshape(B * T, G, I // G), w[p + "gnorm"], cfg.norm_eps,
+                               z.reshape(B * T, G, I // G), "before", x.dtype).view(B, T, I)
+        else:
+            y = y.reshape(B, T, I).float() * F.silu(z.float())
+            y = y.view(B, T, G, I // G)
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
+            y = (w[p + "gnorm"] * y.reshape(B, T, I)).to(x.dtype)
         return linear(y, w[p + "out_proj"], w.get(p + "out_proj_bias"))
 
     def _gdn(self, i, x, slots, slots32, mode, ctx):
         cfg, w, p = self.cfg, self.w, f"b{i}."
         B, T, _ = x.shape
         H, Dv, Dk, Hk = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads
-        qkv = self._conv(i, linear(x, w[p + "in_qkv"]), slots, mode, ctx)
+        qkv, z, a, b = linear(x, w[p + "in_proj"]).split([cfg.conv_dim, cfg.ssm_inner, H, H], dim=-1)
+        qkv = self._conv(i, qkv, slots, slots32, mode, ctx)
         q, k, v = qkv.split([Hk * Dk, Hk * Dk, H * Dv], dim=-1)
         inputs = (q.reshape(B, T, Hk, Dk), k.reshape(B, T, Hk, Dk), v.reshape(B, T, H, Dv),
-                  linear(x, w[p + "in_a"]), linear(x, w[p + "in_b"]), w[p + "A_log"], w[p + "dt_bias"])
+                  a, b, w[p + "A_log"], w[p + "dt_bias"])
         o = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, Dv]
-        z = linear(x, w[p + "in_z"]).view(B, T, H, Dv)
-        o = rms_norm(o.float(), w[p + "gnorm"], cfg.norm_eps) * F.silu(z.float())
-        return linear(o.reshape(B, T, H * Dv).to(x.dtype), w[p + "out_proj"])
+        if self.fused:
+            from .fused import group_rms_norm
+            o = group_rms_norm(o.reshape(B * T, H, Dv), w[p + "gnorm"], cfg.norm_eps, z.reshape(B * T, H, Dv),
+                               "after", x.dtype)
+        else:
+            o = (rms_norm(o.float(), w[p + "gnorm"], cfg.norm_eps) * F.silu(z.float().view(B, T, H, Dv))).to(x.dtype)
+        return linear(o.reshape(B, T, H * Dv), w[p + "out_proj"])
