@@ -147,6 +147,14 @@ def check_tensor(name: str, t, shape=None, dtype=None, device=None) -> None:
         raise ValueError(f"{name} must be contiguous")
 
 
+def output_tensor(out, shape, like: torch.Tensor, device) -> torch.Tensor:
+    """The caller's `out` (checked: shape and device), or a new tensor of `like`'s dtype."""
+    if out is None:
+        out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    check_tensor("out", out, shape=shape, device=device)
+    return out
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
@@ -504,6 +512,21 @@ def draft_structure(par_ptr, G, T: tl.constexpr, BT: tl.constexpr, HAS_PARENTS: 
         ANC = tl.where(rows[:, None] == t, prow[None, :] + (rows[None, :] == t).to(tl.float32), ANC)
         LG = tl.where(rows == t, plg + gt, LG)
     return ANC, LG
+
+
+@triton.jit
+def draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K: tl.constexpr, BKC: tl.constexpr, BT: tl.constexpr,
+                    EPS: tl.constexpr):
+    """scale / ||q_t|| and 1 / ||k_t|| ([BT]) of the drafts' q and k rows at offsets qk_rows."""
+    nq = tl.zeros([BT], dtype=tl.float32)
+    nk = tl.zeros([BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        nq += tl.sum(Qc * Qc, axis=1)
+        nk += tl.sum(Kc * Kc, axis=1)
+    return scale / tl.sqrt(nq + EPS), 1.0 / tl.sqrt(nk + EPS)
 
 
 @triton.jit

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (default_warps, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k,
-                     draft_structure, fold_store, load_records, load_state_chunk, next_pow2,
-                     replay_pass, row_select, softplus)
+from .common import (INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
+                     draft_inv_norms, draft_structure, fold_store, LayerViews, load_records,
+                     load_state_chunk, next_pow2, output_tensor, replay_pass, row_select, softplus)
 from . import common
 
 L2_EPS = 1e-6
@@ -128,67 +128,15 @@ def _gdn_conv_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_p
 
 
 @triton.jit
-def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
-                       slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                       recd_ptr, reck_ptr, recg_ptr, scale,
-                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                       BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
-    """Output-only verify of T drafts (chain or tree): O = exp(G) Sc Q + (E * QK^T) Dd, with the
-    draft d's from the within-draft delta-rule solve; writes the T draft records at cursor..
-    All products are exact fp32 elementwise/broadcast sums over column chunks (T is small:
-    padding it to a tensor-core tile would waste most of the work)."""
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_hk = i_h // (H // HK)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
-    o_t = tl.arange(0, BT)
-    mask_v = o_v < V
-    mask_r = o_r < cur
-    mask_t = o_t < T
-    tok = i_b * T + o_t
-    qk_rows = (tok * HK + i_hk) * K
-    # L2 norms of the drafts' q and k
-    nq = tl.zeros([BT], dtype=tl.float32)
-    nk = tl.zeros([BT], dtype=tl.float32)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        nq += tl.sum(Qc * Qc, axis=1)
-        nk += tl.sum(Kc * Kc, axis=1)
-    rq = scale / tl.sqrt(nq + EPS)
-    rk = 1.0 / tl.sqrt(nk + EPS)
-    # one pass over the checkpoint (read copy) and the committed keys
-    head_rows = (slot * H + i_h) * V
-    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    aq = tl.zeros([BT, BV, BKC], dtype=tl.float32)
-    ak = tl.zeros([BT, BV, BKC], dtype=tl.float32)
-    KrQ = tl.zeros([BR, BT], dtype=tl.float32)
-    KrK = tl.zeros([BR, BT], dtype=tl.float32)
-    QK = tl.zeros([BT, BT], dtype=tl.float32)
-    KK = tl.zeros([BT, BT], dtype=tl.float32)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
-        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
-        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
-        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        aq += S0[None, :, :] * Qc[:, None, :]
-        ak += S0[None, :, :] * Kc[:, None, :]
-        KrQ += tl.sum(Kr[:, None, :] * Qc[None, :, :], axis=2)
-        KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
-        QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
-        KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
-    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc q_t [BT, BV]
-    SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
-    # draft gates and the path structure
+def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                       mask_v, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                       HAS_PARENTS: tl.constexpr):
+    """The drafts' part of a GDN verify, given Sc q_t (SQ), Sc k_t (SK) [BT, BV] of the committed
+    state Sc and the drafts' Gram products q_t.k_i (QK), k_t.k_i (KK): gates, the path decays,
+    the within-draft delta rule by forward substitution (topological order), the outputs and the T
+    draft records (d, g, and the normalised k = k_row * rk) at ring positions cursor.."""
     Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
@@ -219,8 +167,64 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
             for c in range(K // BKC):
                 o_kc = c * BKC + tl.arange(0, BKC)
                 Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
-                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_ptr.dtype.element_ty),
+                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_base.dtype.element_ty),
                          mask=mpos[:, None])
+
+
+@triton.jit
+def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
+                       slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                       recd_ptr, reck_ptr, recg_ptr, scale,
+                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                       BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
+    """Output-only verify of T drafts (chain or tree): O = exp(G) Sc Q + (E * QK^T) Dd, with the
+    draft d's from the within-draft delta-rule solve; writes the T draft records at cursor..
+    All products are exact fp32 elementwise/broadcast sums over column chunks (T is small:
+    padding it to a tensor-core tile would waste most of the work)."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BR)
+    o_t = tl.arange(0, BT)
+    mask_v = o_v < V
+    mask_r = o_r < cur
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    qk_rows = (tok * HK + i_hk) * K
+    rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
+    # one pass over the checkpoint (read copy) and the committed keys
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    aq = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    ak = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    KrQ = tl.zeros([BR, BT], dtype=tl.float32)
+    KrK = tl.zeros([BR, BT], dtype=tl.float32)
+    QK = tl.zeros([BT, BT], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        aq += S0[None, :, :] * Qc[:, None, :]
+        ak += S0[None, :, :] * Kc[:, None, :]
+        KrQ += tl.sum(Kr[:, None, :] * Qc[None, :, :], axis=2)
+        KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
+        QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
+        KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc q_t [BT, BV]
+    SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
+    _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                       mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
 
 
 @triton.jit
@@ -280,40 +284,10 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SQ = gam * S0Q + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
     SK = gam * S0K + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
-    Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
-                 mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
-    bv = tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
-    G = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
-    G = tl.where(mask_t, G, 0.0)
-    beta = tl.sigmoid(bv)
-    ANC, LG = draft_structure(par_ptr + i_b * T, G, T, BT, HAS_PARENTS)
-    E = tl.where(ANC > 0.0, tl.exp(tl.minimum(LG[:, None] - LG[None, :], 0.0)), 0.0)
-    M = tl.where(o_t[:, None] == o_t[None, :], 0.0, E * KK)
-    RHS = Vd - tl.exp(LG)[:, None] * SK
-    Dd = tl.zeros([BT, BV], dtype=tl.float32)
-    for t in tl.static_range(T):
-        corr = tl.sum(row_select(M, t, o_t)[:, None] * Dd, axis=0)
-        bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
-        dt = bt * (row_select(RHS, t, o_t) - corr)
-        Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
-    O = tl.exp(LG)[:, None] * SQ + tl.sum((E * QK)[:, :, None] * Dd[None, :, :], axis=1)
-    tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
-             mask=mask_t[:, None] & mask_v[None, :])
-    pos = cur + o_t
-    mpos = mask_t & (pos < R)
-    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
-             Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
-    if i_v == 0:
-        tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
-        if i_h % (H // HK) == 0:
-            qk_rows = (tok * HK + i_hk) * K
-            _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
-            for c in range(K // BKC):
-                o_kc = c * BKC + tl.arange(0, BKC)
-                Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
-                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_ptr.dtype.element_ty),
-                         mask=mpos[:, None])
+    _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
+    _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_base, (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t,
+                       mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
 
 
 @triton.jit
@@ -366,9 +340,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
     check(lv.R >= lv.window, f"ring capacity {lv.R} < window {lv.window}")
     scale = Dk ** -0.5 if scale is None else float(scale)
-    if out is None:
-        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
-    check_tensor("out", out, shape=(B, H, Dv), device=lv.device)
+    out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
         return out
     BV = _block_v(Dv, B, H, block_v)
@@ -404,9 +376,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     if parents is not None:
         check_tensor("parents", parents, shape=(B, T), dtype=torch.int32, device=lv.device)
     scale = Dk ** -0.5 if scale is None else float(scale)
-    if out is None:
-        out = torch.empty((B, T, H, Dv), dtype=v.dtype, device=v.device)
-    check_tensor("out", out, shape=(B, T, H, Dv), device=lv.device)
+    out = output_tensor(out, (B, T, H, Dv), v, lv.device)
     if B == 0:
         return out
     BV = block_v or 32
@@ -443,9 +413,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     Hk = q.shape[1] if q.dim() == 3 else -1
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, state.device)
     scale = Dk ** -0.5 if scale is None else float(scale)
-    if out is None:
-        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
-    check_tensor("out", out, shape=(B, H, Dv), device=state.device)
+    out = output_tensor(out, (B, H, Dv), v, state.device)
     if B == 0:
         return out
     BV = _block_v(Dv, B, H, block_v)

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (default_warps, draft_structure, row_select, FOLD_PREC, INTERPRET, LayerViews, check, check_slots,
-                     check_tensor, chunk_k, load_state_chunk, next_pow2, read_copy_scales, softplus,
-                     store_state_chunk)
+from .common import (FOLD_PREC, INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
+                     draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
+                     output_tensor, read_copy_scales, row_select, softplus, store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -200,16 +200,7 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     tok = i_b * T + o_t
     qk_rows = (tok * HK + i_hk) * K
     alog = tl.load(alog_ptr + i_h).to(tl.float32)
-    nq = tl.zeros([BT], dtype=tl.float32)
-    nk = tl.zeros([BT], dtype=tl.float32)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        nq += tl.sum(Qc * Qc, axis=1)
-        nk += tl.sum(Kc * Kc, axis=1)
-    rq = scale / tl.sqrt(nq + EPS)
-    rk = 1.0 / tl.sqrt(nk + EPS)
+    rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
     ANC, _lg = draft_structure(par_ptr + i_b * T, tl.zeros([BT], dtype=tl.float32), T, BT, HAS_PARENTS)
     anc3 = ANC[:, :, None] > 0.0                                   # [t, i, 1]
     strict3 = anc3 & (o_t[:, None, None] != o_t[None, :, None])
@@ -340,9 +331,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
     scale = Dk ** -0.5 if scale is None else float(scale)
-    if out is None:
-        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
-    check_tensor("out", out, shape=(B, H, Dv), device=lv.device)
+    out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
         return out
     BV = _block_v(Dv, block_v)
@@ -379,9 +368,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     if parents is not None:
         check_tensor("parents", parents, shape=(B, T), dtype=torch.int32, device=lv.device)
     scale = Dk ** -0.5 if scale is None else float(scale)
-    if out is None:
-        out = torch.empty((B, T, H, Dv), dtype=v.dtype, device=v.device)
-    check_tensor("out", out, shape=(B, T, H, Dv), device=lv.device)
+    out = output_tensor(out, (B, T, H, Dv), v, lv.device)
     if B == 0:
         return out
     BV = block_v or 16
@@ -405,9 +392,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     Hk = q.shape[1] if q.dim() == 3 else -1
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, state.device)
     scale = Dk ** -0.5 if scale is None else float(scale)
-    if out is None:
-        out = torch.empty((B, H, Dv), dtype=v.dtype, device=v.device)
-    check_tensor("out", out, shape=(B, H, Dv), device=state.device)
+    out = output_tensor(out, (B, H, Dv), v, state.device)
     if B == 0:
         return out
     BV = _block_v(Dv, block_v)

@@ -11,9 +11,9 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (default_warps, INTERPRET, LayerViews, check, check_slots, check_tensor, chunk_k, draft_structure,
-                     fold_store, load_state_chunk,
-                     load_records, next_pow2, replay_pass, softplus)
+from .common import (INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
+                     draft_structure, fold_store, LayerViews, load_records, load_state_chunk,
+                     next_pow2, output_tensor, replay_pass, softplus)
 
 
 @triton.jit
@@ -225,9 +225,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     Bn = check_slots(slots, lv.device, lv.num_slots)
     H, G, P, N = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, lv.device)
-    if out is None:
-        out = torch.empty((Bn, H, P), dtype=x.dtype, device=x.device)
-    check_tensor("out", out, shape=(Bn, H, P), device=lv.device)
+    out = output_tensor(out, (Bn, H, P), x, lv.device)
     if Bn == 0:
         return out
     BV = _block_v(P, block_v)
@@ -265,9 +263,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, lv.device, T=T)
     if parents is not None:
         check_tensor("parents", parents, shape=(Bn, T), dtype=torch.int32, device=lv.device)
-    if out is None:
-        out = torch.empty((Bn, T, H, P), dtype=x.dtype, device=x.device)
-    check_tensor("out", out, shape=(Bn, T, H, P), device=lv.device)
+    out = output_tensor(out, (Bn, T, H, P), x, lv.device)
     if Bn == 0:
         return out
     BV = block_v or 32
@@ -292,9 +288,7 @@ def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out
     Bn = check_slots(slots, state.device, state.shape[0])
     G = B.shape[1] if B.dim() == 3 else -1
     _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, state.device)
-    if out is None:
-        out = torch.empty((Bn, H, P), dtype=x.dtype, device=x.device)
-    check_tensor("out", out, shape=(Bn, H, P), device=state.device)
+    out = output_tensor(out, (Bn, H, P), x, state.device)
     if Bn == 0:
         return out
     BV = _block_v(P, block_v)
