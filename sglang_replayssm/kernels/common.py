@@ -415,6 +415,22 @@ def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v
 
 
 @triton.jit
+def ring_program(slots_ptr, cursor_ptr, H: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                 BR: tl.constexpr):
+    """Coordinates of a (value block, head, row) program of a decode / verify launch: its value rows
+    o_v (mask_v), the row's slot and ring cursor, the committed records 0..cur-1 (o_r, mask_r), and
+    the k-head (group) i_hk of value head i_h."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BR)
+    return i_v, i_h, i_b, i_h // (H // HK), slot, cur, o_v, o_v < V, o_r, o_r < cur
+
+
+@triton.jit
 def load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H: tl.constexpr,
                  V: tl.constexpr, R: tl.constexpr):
     """Records 0..c-1 of one head: d [BR, BV] (rows o_v), per-record weights w [BR]

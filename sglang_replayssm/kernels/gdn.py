@@ -15,7 +15,8 @@ import triton.language as tl
 
 from .common import (INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
                      draft_inv_norms, draft_structure, fold_store, LayerViews, load_records,
-                     load_state_chunk, next_pow2, output_tensor, replay_pass, row_select, softplus)
+                     load_state_chunk, next_pow2, output_tensor, replay_pass, ring_program,
+                     row_select, softplus)
 from . import common
 
 L2_EPS = 1e-6
@@ -47,17 +48,9 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
                        ACC: tl.constexpr):
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_hk = i_h // (H // HK)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
-    mask_v = o_v < V
-    mask_r = o_r < cur
     q_row = q_ptr + (i_b * HK + i_hk) * K
     k_row = k_ptr + (i_b * HK + i_hk) * K
     rq, rk, kq, g, beta = _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
@@ -183,17 +176,9 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     draft d's from the within-draft delta-rule solve; writes the T draft records at cursor..
     All products are exact fp32 elementwise/broadcast sums over column chunks (T is small:
     padding it to a tensor-core tile would waste most of the work)."""
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_hk = i_h // (H // HK)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     o_t = tl.arange(0, BT)
-    mask_v = o_v < V
-    mask_r = o_r < cur
     mask_t = o_t < T
     tok = i_b * T + o_t
     qk_rows = (tok * HK + i_hk) * K
@@ -238,17 +223,9 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     """The same verify as _gdn_verify_kernel, with the state-sized products on tensor cores: the
     drafts' q (rows 0..BT-1) and k (rows BT..2BT-1) are stacked into one operand X (BT >= 8, so
     X has >= 16 rows) and S0 X^T, K_r X^T, X X^T are three dots per column chunk (3xTF32 default)."""
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_hk = i_h // (H // HK)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     o_t = tl.arange(0, BT)
-    mask_v = o_v < V
-    mask_r = o_r < cur
     mask_t = o_t < T
     tok = i_b * T + o_t
     o_x = tl.arange(0, 2 * BT)

@@ -14,7 +14,8 @@ import triton.language as tl
 
 from .common import (FOLD_PREC, INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
                      draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
-                     output_tensor, read_copy_scales, row_select, softplus, store_state_chunk)
+                     output_tensor, read_copy_scales, ring_program, row_select, softplus,
+                     store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -77,17 +78,9 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr):
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_hk = i_h // (H // HK)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
-    mask_v = o_v < V
-    mask_r = o_r < cur
     q_row = q_ptr + (i_b * HK + i_hk) * K
     k_row = k_ptr + (i_b * HK + i_hk) * K
     a_row = a_ptr + (i_b * H + i_h) * K
@@ -185,17 +178,9 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     S'_t x = S0 (exp(G + L_t) x) + sum_j d_j (k_j exp(G - G_j + L_t)) . x
              + sum_{i strict ancestor of t} d_i (k_i exp(L_t - L_i)) . x,
     d_t = beta_t (v_t - S'_t k_t) (forward substitution), o_t = S'_t q_t + d_t (k_t . q_t)."""
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_hk = i_h // (H // HK)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     o_t = tl.arange(0, BT)
-    mask_v = o_v < V
-    mask_r = o_r < cur
     mask_t = o_t < T
     tok = i_b * T + o_t
     qk_rows = (tok * HK + i_hk) * K

@@ -13,7 +13,7 @@ import triton.language as tl
 from . import common
 from .common import (INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
                      draft_structure, fold_store, LayerViews, load_records, load_state_chunk,
-                     next_pow2, output_tensor, replay_pass, softplus)
+                     next_pow2, output_tensor, replay_pass, ring_program, softplus)
 
 
 @triton.jit
@@ -48,17 +48,9 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                       SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
                       ACC: tl.constexpr):
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_g = i_h // (H // G)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
+    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, G, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
-    mask_v = o_v < V
-    mask_r = o_r < cur
     B_row = B_ptr + (i_b * G + i_g) * K
     C_row = C_ptr + (i_b * G + i_g) * K
     o_k = tl.arange(0, K)
@@ -110,17 +102,9 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     """Output-only verify of T Mamba-2 drafts (chain or tree):
     y_t = exp(G_t) Sc C_t + sum_{i on the path to t} exp(G_t - G_i) (B_i . C_t) u_i + D x_t;
     writes the T draft records (u, B, dt A) at cursor.. (no state write)."""
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_g = i_h // (H // G)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_r = tl.arange(0, BR)
+    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, G, V, BV, BR)
     o_t = tl.arange(0, BT)
-    mask_v = o_v < V
-    mask_r = o_r < cur
     mask_t = o_t < T
     tok = i_b * T + o_t
     bc_rows = (tok * G + i_g) * K
