@@ -431,6 +431,25 @@ def ring_program(slots_ptr, cursor_ptr, H: tl.constexpr, HK: tl.constexpr, V: tl
 
 
 @triton.jit
+def state_tile(slots_ptr, state_ptr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+               BK: tl.constexpr):
+    """A conventional-decode program's coordinates and its [BV, BK] fp32 tile of state[slot, head]
+    (rows o_v, all K columns), with the offsets and mask to store it back."""
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    mask2 = mask_v[:, None] & mask_k[None, :]
+    offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
+    S = tl.load(state_ptr + offs, mask=mask2, other=0.0).to(tl.float32)
+    return i_v, i_h, i_b, o_v, mask_v, o_k, mask_k, offs, mask2, S
+
+
+@triton.jit
 def load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H: tl.constexpr,
                  V: tl.constexpr, R: tl.constexpr):
     """Records 0..c-1 of one head: d [BR, BV] (rows o_v), per-record weights w [BR]

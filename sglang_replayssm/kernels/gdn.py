@@ -16,7 +16,7 @@ import triton.language as tl
 from .common import (INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
                      draft_inv_norms, draft_structure, fold_store, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, replay_pass, ring_program,
-                     row_select, softplus)
+                     row_select, softplus, state_tile)
 from . import common
 
 L2_EPS = 1e-6
@@ -98,18 +98,8 @@ def _gdn_conv_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_p
                      state_ptr, scale,
                      H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BV: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr):
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
+    i_v, i_h, i_b, o_v, mask_v, o_k, mask_k, offs, mask2, S = state_tile(slots_ptr, state_ptr, H, K, V, BV, BK)
     i_hk = i_h // (H // HK)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
-    mask_v = o_v < V
-    mask_k = o_k < K
-    mask2 = mask_v[:, None] & mask_k[None, :]
-    offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
-    S = tl.load(state_ptr + offs, mask=mask2, other=0.0).to(tl.float32)
     qv, kv, vv, g, beta = _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b,
                                      i_h, i_hk, o_k, mask_k, o_v, mask_v, scale, H, HK, K, V, EPS)
     S = S * tl.exp(g)

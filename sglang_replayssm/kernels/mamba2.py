@@ -13,7 +13,7 @@ import triton.language as tl
 from . import common
 from .common import (INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
                      draft_structure, fold_store, LayerViews, load_records, load_state_chunk,
-                     next_pow2, output_tensor, replay_pass, ring_program, softplus)
+                     next_pow2, output_tensor, replay_pass, ring_program, softplus, state_tile)
 
 
 @triton.jit
@@ -156,18 +156,8 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
 def _m2_conv_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr,
                     state_ptr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, HAS_Z: tl.constexpr):
-    i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
+    i_v, i_h, i_b, o_v, mask_v, o_k, mask_k, offs, mask2, S = state_tile(slots_ptr, state_ptr, H, K, V, BV, BK)
     i_g = i_h // (H // G)
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
-    mask_v = o_v < V
-    mask_k = o_k < K
-    mask2 = mask_v[:, None] & mask_k[None, :]
-    offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
-    S = tl.load(state_ptr + offs, mask=mask2, other=0.0).to(tl.float32)
     xv, Bv, Cv, u, g, Dh = _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b,
                                      i_h, i_g, o_k, mask_k, o_v, mask_v, H, G, K, V)
     S = S * tl.exp(g) + u[:, None] * Bv[None, :]
