@@ -299,6 +299,16 @@ def run(args) -> dict:
             print(f"  fused non-SSM kernels: {'on' if fused else 'off'}", flush=True)
             time_batches(cfg, model, entry.setdefault("batches_fused" if fused else "batches", {}), args, device,
                          timer)
+        if "batches" in entry and "batches_fused" in entry:   # the same steps with the fused kernels
+            entry["fused_speedup"] = {}
+            for b, row in entry["batches"].items():
+                frow = entry["batches_fused"][b]
+                sp = entry["fused_speedup"][b] = {m: row[m]["ms"] / frow[m]["ms"] for m in args.modes}
+                for T, v in row["spec"].items():
+                    if "verify_ms" in v and "verify_ms" in frow["spec"][T]:
+                        sp[f"verify T={T}"] = v["verify_ms"] / frow["spec"][T]["verify_ms"]
+                print(f"  B={int(b):4d} fused kernels speedup: " + ", ".join(f"{k} {x:.2f}x" for k, x in sp.items()),
+                      flush=True)
         del model
         gc.collect()
         if device.type == "cuda":

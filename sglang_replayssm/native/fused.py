@@ -204,7 +204,8 @@ def norm_rope(x: torch.Tensor, pos: torch.Tensor, eps: float = 1e-6, w: torch.Te
     _need(x.dim() == 4, f"norm_rope: x must be [B, T, H, D], got {tuple(x.shape)}")
     B, T, H, D = x.shape
     _need(D == 1 or x.stride(-1) == 1, "norm_rope: x's last dimension must be contiguous")
-    _need(w is None or (w.dim() == 1 and w.shape[0] == D), f"norm_rope: weight shape {None if w is None else tuple(w.shape)}, expected [{D}]")
+    _need(w is None or (w.dim() == 1 and w.shape[0] == D),
+          f"norm_rope: weight shape {None if w is None else tuple(w.shape)}, expected [{D}]")
     _need(rotary_dim % 2 == 0 and 0 <= rotary_dim <= D, f"norm_rope: bad rotary_dim {rotary_dim} for head dim {D}")
     _need(pos.dim() == 1 and pos.shape[0] == B, f"norm_rope: pos must be [B={B}], got {tuple(pos.shape)}")
     if rotary_dim:
@@ -342,7 +343,8 @@ def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias
     _need(x.dim() == 3, f"conv_update: x must be [B, T, C], got {tuple(x.shape)}")
     B, T, C = x.shape
     _need(1 <= T <= MAX_CONV_TOKENS, f"conv_update: T={T} tokens per row, the kernel takes 1..{MAX_CONV_TOKENS}")
-    _need(weight.dim() == 2 and weight.shape[0] == C, f"conv_update: weight must be [C={C}, K], got {tuple(weight.shape)}")
+    _need(weight.dim() == 2 and weight.shape[0] == C,
+          f"conv_update: weight must be [C={C}, K], got {tuple(weight.shape)}")
     K = weight.shape[1]
     _need(K >= 1, "conv_update: conv kernel width must be >= 1")
     _need(state.dim() == 3 and state.shape[1] == C and state.shape[2] == K - 1,

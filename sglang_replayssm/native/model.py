@@ -17,6 +17,7 @@ No host synchronisation inside the forward: lengths come in as host ints.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +191,9 @@ class HybridModel:
         # CUDA) or "sdpa" (gathers the sequences' K/V, then PyTorch SDPA; default on CPU, always prefill)
         self.attn_impl = attn_impl or ("triton" if self.device.type == "cuda" else "sdpa")
         self.fused = self.device.type == "cuda" if fused is None else bool(fused)
+        if self.fused and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise ValueError(f"fused=True runs Triton kernels: it needs a CUDA device (got {self.device}) "
+                             "or TRITON_INTERPRET=1 (CPU tests)")
         expected = param_shapes(cfg)
         missing = sorted(set(expected) - set(weights))
         if missing:

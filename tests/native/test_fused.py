@@ -206,6 +206,15 @@ def test_model_fused_equals_torch(family):
         torch.testing.assert_close(b, a, **TOL)
 
 
+def test_fused_on_cpu_needs_the_interpreter(monkeypatch):
+    cfg = embedded_config("mamba2")
+    weights = random_weights(cfg, seed=0)
+    assert not HybridModel(cfg, weights).fused                    # default: off on CPU
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="fused=True runs Triton kernels"):
+        HybridModel(cfg, weights, fused=True)
+
+
 def test_merged_projections_keep_input_names():
     """The canonical per-projection names remain the input format; the model holds merged weights."""
     cfg = embedded_config("gdn")
