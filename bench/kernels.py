@@ -347,9 +347,19 @@ def main():
     ap.add_argument("--batches", default="1,64,256,512")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--sweep", action="store_true",
+                    help="instead of the comparison: time decode (fp32, fp8 read copy) and verify alone (T = 4, 8)"
+                         " over a grid of block sizes and warps at batch --sweep-batch; writes kernels_sweep.json")
+    ap.add_argument("--sweep-batch", type=int, default=256)
+    ap.add_argument("--sweep-decode", default="16x32x1,32x32x1,32x64x1,64x32x1,32x16x2,32x32x2,64x16x2,64x32x2,"
+                    "32x32x4,64x32x4,128x32x4,128x32x8", help="decode configs BVxBKxWARPS")
+    ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
+                    "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
+    if args.sweep:
+        return sweep(args)
     dev = torch.cuda.get_device_properties(0)
     RESULTS["meta"] = dict(device=dev.name, sms=dev.multi_processor_count, torch=torch.__version__,
                            triton=triton.__version__, window=L, act_dtype=str(ACT), state_dtype="float32",
@@ -453,6 +463,75 @@ def main():
         json.dump(RESULTS, f, indent=1)
     timed(plot, args.out)
     summary()
+
+
+def _configs(spec):
+    return [tuple(int(v) for v in c.split("x")) for c in spec.split(",") if c]
+
+
+def sweep(args):
+    """Block-size / warp sweep at one batch size: decode over a full window (flushes included) with
+    an fp32 checkpoint and with an fp8 read copy, and verify of T = 4 / 8 chain drafts alone (no
+    commit fold), each config a CUDA graph of L steps. Picks the configs for the defaults."""
+    dev = torch.cuda.get_device_properties(0)
+    RESULTS["meta"] = dict(device=dev.name, torch=torch.__version__, triton=triton.__version__, window=L,
+                           command="python bench/kernels.py " + " ".join(sys.argv[1:]), kind="sweep",
+                           time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    bw = copy_bandwidth()
+    RESULTS["meta"]["copy_GBps"] = bw
+    B = args.sweep_batch
+    names = (["gdn_qwen35_4b", "mamba2_nemotron3_super", "kda_32h"] if args.geos == "all"
+             else args.geos.split(","))
+    out = os.path.join(args.out, "kernels_sweep.json")
+    for geo in [g for g in GEOMS if g["name"] in names]:
+        mod = module(geo)
+        if mod is None:
+            continue
+        slots = (torch.randperm(B, device=DEV) + 1).int()
+        inp = make_inputs(geo, B)
+        curs = cursor_sets(B, B, slots)
+        for rc in ("none", "fp8"):
+            pool = make_pool(geo, B, read_copy=rc)
+            nb = bytes_replay(geo, B, rc)
+            for cfg in _configs(args.sweep_decode):
+                ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg), 60)
+                record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}",
+                       config=list(cfg), ms=ms, GBps=nb / ms / 1e6 if ms else None,
+                       note="bv{}_bk{}_w{}".format(*cfg))
+            del pool
+        pool = make_pool(geo, B)
+        base = torch.zeros(B + 1, dtype=torch.int32, device=DEV)
+        base[slots.long()] = (torch.randperm(B, device=DEV) % L).int()
+        E = geo["H"] * geo["Dv"] * geo["Dk"]
+        for T in (4, 8):
+            inp_t = make_inputs(geo, B, T=T)
+            nb = B * (E * 4 + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
+            for method in (("fma", "mma") if geo["family"] == "gdn" else ("fma",)):
+                kw = {"method": method} if geo["family"] == "gdn" else {}
+                for cfg in _configs(args.sweep_verify):
+                    bv, bk, nw = cfg
+
+                    def f(bv=bv, bk=bk, nw=nw, kw=kw, pool=pool):
+                        pool.cursor = base
+                        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=bk, num_warps=nw, **kw)
+                    ms = timed(bench_graph, [f] * L, 60)
+                    record(geo=geo["name"], B=B, kernel=f"sweep_verify_T{T}_{method}", config=list(cfg), T=T,
+                           ms=ms, GBps=nb / ms / 1e6 if ms else None, note="bv{}_bk{}_w{}".format(*cfg))
+        del pool
+        torch.cuda.empty_cache()
+        with open(out, "w") as fh:
+            json.dump(RESULTS, fh, indent=1)
+    with open(out, "w") as fh:
+        json.dump(RESULTS, fh, indent=1)
+    best = {}
+    for r in RESULTS["rows"]:
+        key = (r["geo"], r["kernel"])
+        if r.get("ms") and (key not in best or r["ms"] < best[key]["ms"]):
+            best[key] = r
+    print("\nbest per kernel:")
+    for (g, k), r in sorted(best.items()):
+        print(f"  {g:26s} {k:28s} {r['ms']:.4f} ms  {r['note']}")
+    return 0
 
 
 def summary():
