@@ -126,11 +126,11 @@ def sass_fingerprint(cubin: bytes, dump: str | None = None) -> str:
     return hashlib.sha256("\n".join(instrs).encode()).hexdigest()[:16]
 
 
-def sass_path(folder, geo, label):
+def sass_path(folder, geo, label, kernel):
     if not folder:
         return None
     os.makedirs(folder, exist_ok=True)
-    return os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{geo}__{label}") + ".sass")
+    return os.path.join(folder, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{geo}__{label}__{kernel}") + ".sass")
 
 
 def occupancy(regs: int, num_warps: int, smem: int) -> dict:
@@ -220,7 +220,7 @@ def cases(geos, batch, quick=False):
         pool = make_pool(geo, nslots=batch)
         for T in (4,) if quick else (1, 4, 8):
             inp_t = make_inputs(geo, batch, T=T)
-            methods = ("fma", "mma") if geo["family"] == "gdn" else ("fma",)
+            methods = ("fma", "mma", "split") if geo["family"] == "gdn" else ("fma",)
             for method in methods:
                 kw = {"method": method} if geo["family"] == "gdn" else {}
                 yield name, f"verify T{T} {method} bv32 bk16 w4", \
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
                 smem = max(int(md.shared), ru["static_smem"])
                 occ = occupancy(ru["regs"], md.num_warps, smem)
                 row = dict(geo=name, launch=label, kernel=kname, num_warps=md.num_warps, shared=smem, **ru, **occ,
-                           sass=sass_fingerprint(k.asm["cubin"], dump=sass_path(args.sass_dir, name, label)))
+                           sass=sass_fingerprint(k.asm["cubin"], dump=sass_path(args.sass_dir, name, label, kname)))
                 rows.append(row)
                 print(f"{name:26s} {label:34s} {kname:28s} {ru['regs']:4d} {ru['local']:5d} {smem:6d} "
                       f"{md.num_warps:5d} {occ['blocks_per_sm']:6d} {occ['occupancy']:5.2f}")

@@ -443,7 +443,7 @@ def main():
                     inp_t = make_inputs(geo, B, T=T)
                     variants = [((32, 16, 4), "fma")]
                     if B == 256 and T in (1, 4, 8) and geo["family"] == "gdn":
-                        variants.append(((32, 16, 4), "mma"))
+                        variants += [((32, 16, 4), "mma"), ((32, 16, 4), "split")]
                     for vcfg, method in variants:
                         steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, vcfg, base, method)
                         ms = timed(bench_graph, steps, rep)
@@ -451,7 +451,7 @@ def main():
                         if not ms:
                             continue
                         nb = B * (E * 4 * (1 + T / L) + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
-                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + ("" if method == "fma" else "_mma"),
+                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + ("" if method == "fma" else f"_{method}"),
                                ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T, config=list(vcfg),
                                note=f"{ms / T:.4f} ms/draft")
                 pool.cursor = curs[0]
@@ -506,7 +506,7 @@ def sweep(args):
         for T in (4, 8):
             inp_t = make_inputs(geo, B, T=T)
             nb = B * (E * 4 + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
-            for method in (("fma", "mma") if geo["family"] == "gdn" else ("fma",)):
+            for method in (("fma", "mma", "split") if geo["family"] == "gdn" else ("fma",)):
                 kw = {"method": method} if geo["family"] == "gdn" else {}
                 for cfg in _configs(args.sweep_verify):
                     bv, bk, nw = cfg

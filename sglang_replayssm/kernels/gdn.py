@@ -203,6 +203,94 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
 
 
 @triton.jit
+def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_ptr, scale,
+                           HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
+                           BT: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
+    """Split verify, stage 1, one program per (row, k-head): everything of a verify that does not
+    touch the state or the value rows, computed once instead of in every (value head, value block)
+    program: the drafts' q/k normalisers and the products K_r q_t, K_r k_t (committed keys x drafts)
+    and q_t.k_i, k_t.k_i (drafts x drafts). gram row layout: KrQ [BR, BT], KrK [BR, BT], QK [BT, BT],
+    KK [BT, BT], rq [BT], rk [BT]."""
+    i_hk = tl.program_id(0)
+    i_b = tl.program_id(1)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    o_r = tl.arange(0, BR)
+    mask_r = o_r < cur
+    o_t = tl.arange(0, BT)
+    mask_t = o_t < T
+    qk_rows = ((i_b * T + o_t) * HK + i_hk) * K
+    rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    KrQ = tl.zeros([BR, BT], dtype=tl.float32)
+    KrK = tl.zeros([BR, BT], dtype=tl.float32)
+    QK = tl.zeros([BT, BT], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        KrQ += tl.sum(Kr[:, None, :] * Qc[None, :, :], axis=2)
+        KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
+        QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
+        KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
+    g = gram_ptr + (i_b * HK + i_hk) * (2 * BR * BT + 2 * BT * BT + 2 * BT)
+    rt = o_r[:, None] * BT + o_t[None, :]
+    tt = o_t[:, None] * BT + o_t[None, :]
+    tl.store(g + rt, KrQ)
+    tl.store(g + BR * BT + rt, KrK)
+    tl.store(g + 2 * BR * BT + tt, QK)
+    tl.store(g + 2 * BR * BT + BT * BT + tt, KK)
+    tl.store(g + 2 * BR * BT + 2 * BT * BT + o_t, rq)
+    tl.store(g + 2 * BR * BT + 2 * BT * BT + BT + o_t, rk)
+
+
+@triton.jit
+def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
+                             slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                             recd_ptr, reck_ptr, recg_ptr, gram_ptr,
+                             H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                             R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                             BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                             HAS_PARENTS: tl.constexpr):
+    """Split verify, stage 2: the same result as _gdn_verify_kernel, whose state pass here only
+    accumulates S0 q_t and S0 k_t elementwise (no reduction inside the loop); the record and draft
+    products come from stage 1 (gram_ptr)."""
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
+    o_t = tl.arange(0, BT)
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    qk_rows = (tok * HK + i_hk) * K
+    g = gram_ptr + (i_b * HK + i_hk) * (2 * BR * BT + 2 * BT * BT + 2 * BT)
+    rq = tl.load(g + 2 * BR * BT + 2 * BT * BT + o_t)
+    rk = tl.load(g + 2 * BR * BT + 2 * BT * BT + BT + o_t)
+    head_rows = (slot * H + i_h) * V
+    aq = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    ak = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
+        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        aq += S0[None, :, :] * Qc[:, None, :]
+        ak += S0[None, :, :] * Kc[:, None, :]
+    rt = o_r[:, None] * BT + o_t[None, :]
+    tt = o_t[:, None] * BT + o_t[None, :]
+    KrQ = tl.load(g + rt)
+    KrK = tl.load(g + BR * BT + rt)
+    QK = tl.load(g + 2 * BR * BT + tt)
+    KK = tl.load(g + 2 * BR * BT + BT * BT + tt)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
+    SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
+    _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_ptr + (slot * R * HK + i_hk) * K, qk_rows, tok, slot, cur, i_b,
+                       i_h, i_v, o_t, mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
+
+
+@triton.jit
 def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                            slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
                            recd_ptr, reck_ptr, recg_ptr, scale,
@@ -349,7 +437,17 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     BV = block_v or 32
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
-    check(method in ("fma", "mma"), f"method must be 'fma' or 'mma', got {method!r}")
+    check(method in ("fma", "mma", "split"), f"method must be 'fma', 'mma' or 'split', got {method!r}")
+    if method == "split":  # record/draft products once per (row, k-head), then the state pass
+        BT, BR, BKC = next_pow2(T), max(16, next_pow2(lv.window)), block_k or chunk_k(Dk, 16)
+        gram = torch.empty((B, Hk, 2 * BR * BT + 2 * BT * BT + 2 * BT), dtype=torch.float32, device=lv.device)
+        _gdn_draft_gram_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, gram, scale, HK=Hk, K=Dk, R=lv.R, T=T,
+                                         BT=BT, BKC=BKC, BR=BR, EPS=L2_EPS, num_warps=4)
+        _gdn_verify_split_kernel[grid](q, k, v, a, b, A_log, dt_bias, parents if parents is not None else slots,
+                                       out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
+                                       gram, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=BT, BV=BV, BKC=BKC, BR=BR,
+                                       RC=lv.rc_mode, HAS_PARENTS=parents is not None, num_warps=num_warps or 4)
+        return out
     if method == "mma":  # tensor-core variant (3xTF32 on the GPU; not yet timed on the H200)
         _gdn_verify_mma_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                                      parents if parents is not None else slots, out, slots, lv.cursor,

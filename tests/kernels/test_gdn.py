@@ -104,7 +104,8 @@ def test_conventional_decode():
 
 
 @pytest.mark.parametrize("tree,read_copy,method", [(False, "none", "fma"), (True, "none", "fma"), (False, "fp8", "fma"),
-                                                  (True, "nvfp4", "fma"), (True, "fp8", "mma")])
+                                                  (True, "nvfp4", "fma"), (True, "fp8", "mma"),
+                                                  (False, "none", "split"), (True, "fp8", "split")])
 def test_verify_then_commit(tree, read_copy, method):
     g = torch.Generator().manual_seed(4 + tree)
     pk = make_pool("gdn", read_copy=read_copy, gen=g, max_drafts=4)
