@@ -289,8 +289,8 @@ def act_mul(a: torch.Tensor, b: torch.Tensor | None = None, act: str = "silu") -
 
 # --------------------------------------------------------------------------- (c) depthwise causal conv update
 @triton.jit
-def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out_ptr, cin_ptr, C,
-                 s_xb, s_xt, s_ss, s_sc, s_wc, s_ob, s_ot, s_cs, s_ct,
+def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out0_ptr, out1_ptr, out2_ptr, cin_ptr, C, S1, S2,
+                 s_xb, s_xt, s_ss, s_sc, s_wc, s_cs, s_ct,
                  T: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, VERIFY: tl.constexpr,
                  BLOCK_C: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -301,6 +301,7 @@ def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out_ptr, cin_ptr,
     sbase = state_ptr + slot * s_ss + chl * s_sc       # conv state of this slot: [C, K-1], oldest first
     xbase = x_ptr + b * s_xb + chl
     act = x_ptr.dtype.element_ty
+    odt = out0_ptr.dtype.element_ty
     # the window of token t is columns t .. t+K-1 of xa = [state (K-1 columns) | x (T columns)]
     for t in tl.static_range(T):
         acc = tl.zeros((BLOCK_C,), tl.float32)
@@ -312,8 +313,12 @@ def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out_ptr, cin_ptr,
             acc += v * tl.load(w_ptr + chl * s_wc + k, mask=m, other=0.0).to(tl.float32)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + ch, mask=m, other=0.0).to(tl.float32)
-        y = acc * tl.sigmoid(acc)
-        tl.store(out_ptr + b * s_ob + t * s_ot + chl, y.to(out_ptr.dtype.element_ty), mask=m)
+        y = (acc * tl.sigmoid(acc)).to(odt)
+        # channels [0, S1), [S1, S2), [S2, C) go to three contiguous [B, T, width] outputs
+        row = b * T + t
+        tl.store(out0_ptr + row * S1 + chl, y, mask=m & (ch < S1))
+        tl.store(out1_ptr + row * (S2 - S1) + (chl - S1), y, mask=m & (ch >= S1) & (ch < S2))
+        tl.store(out2_ptr + row * (C - S2) + (chl - S2), y, mask=m & (ch >= S2))
     if VERIFY:   # keep the draft tokens' conv inputs; SSMOps.commit / pool.commit moves the state
         for t in tl.static_range(T):
             v = tl.load(xbase + t * s_xt, mask=m, other=0.0)
@@ -332,14 +337,16 @@ def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out_ptr, cin_ptr,
 
 
 def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                slots: torch.Tensor, conv_in: torch.Tensor | None = None) -> torch.Tensor:
+                slots: torch.Tensor, conv_in: torch.Tensor | None = None, splits: list | None = None):
     """Depthwise causal conv + SiLU of x [B, T, C] (T = 1..16, a strided view with contiguous channels),
     continuing each row from its conv state `state[slots[b]]` ([S, C, K-1]: one layer of pool.conv), with
     weight [C, K] and bias [C] or None; fp32 math, as model._conv. conv_in None (decode, prefill): the
     state of each slot becomes the last K-1 inputs, in place. conv_in [S, D, C] (one layer of
     pool.conv_in, verify): x is stored at conv_in[slots[b], :T] and the state is left alone.
-    Returns y [B, T, C] in x's dtype. Slots must be distinct (rows sharing a padding slot only garble
-    that slot's state, as the PyTorch scatter does)."""
+    Returns y [B, T, C] in x's dtype; with splits (up to 3 channel counts summing to C, e.g. the
+    x | B | C or q | k | v parts) a tuple of contiguous [B, T, split] tensors instead, so that the SSM
+    kernels get contiguous inputs without a copy each. Slots must be distinct (rows sharing a padding
+    slot only garble that slot's state, as the PyTorch scatter does)."""
     _need(x.dim() == 3, f"conv_update: x must be [B, T, C], got {tuple(x.shape)}")
     B, T, C = x.shape
     _need(1 <= T <= MAX_CONV_TOKENS, f"conv_update: T={T} tokens per row, the kernel takes 1..{MAX_CONV_TOKENS}")
@@ -353,6 +360,9 @@ def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias
     _need(bias is None or (bias.dim() == 1 and bias.shape[0] == C), f"conv_update: bias must be [{C}]")
     _need(slots.dim() == 1 and slots.shape[0] == B, f"conv_update: slots must be [B={B}], got {tuple(slots.shape)}")
     _need(not slots.is_floating_point(), f"conv_update: slots must be integers, got {slots.dtype}")
+    sizes = [C] if splits is None else [int(n) for n in splits]
+    _need(1 <= len(sizes) <= 3 and sum(sizes) == C and min(sizes) >= 0,
+          f"conv_update: splits {splits} must be 1 to 3 channel counts summing to C={C}")
     if conv_in is not None:
         _need(conv_in.dim() == 3 and conv_in.shape[2] == C and conv_in.stride(2) == 1 and T <= conv_in.shape[1]
               and conv_in.shape[0] == state.shape[0],
@@ -360,14 +370,17 @@ def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias
     if C > 1 and x.stride(2) != 1:
         x = x.contiguous()
     weight = weight.contiguous()
-    out = torch.empty((B, T, C), device=x.device, dtype=x.dtype)
+    outs = [torch.empty((B, T, n), device=x.device, dtype=x.dtype) for n in sizes]
+    padded = outs + [outs[-1]] * (3 - len(outs))
+    S1 = sizes[0]
+    S2 = S1 + (sizes[1] if len(sizes) > 1 else 0)
     BLOCK_C = min(_pow2(C, 32), 1024)
-    cin = conv_in if conv_in is not None else out
+    cin = conv_in if conv_in is not None else x
     if B and C:
         _conv_kernel[(B, triton.cdiv(C, BLOCK_C))](
-            x, state, weight, bias if bias is not None else weight, slots, out, cin, C,
-            x.stride(0), x.stride(1), state.stride(0), state.stride(1), weight.stride(0), out.stride(0),
-            out.stride(1), cin.stride(0), cin.stride(1),
+            x, state, weight, bias if bias is not None else weight, slots, *padded, cin, C, S1, S2,
+            x.stride(0), x.stride(1), state.stride(0), state.stride(1), weight.stride(0),
+            cin.stride(0), cin.stride(1),
             T=T, K=K, HAS_BIAS=bias is not None, VERIFY=conv_in is not None, BLOCK_C=BLOCK_C,
             num_warps=max(1, min(4, BLOCK_C // 32)))
-    return out
+    return outs[0] if splits is None else tuple(outs)

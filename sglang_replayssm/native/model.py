@@ -375,15 +375,16 @@ class HybridModel:
                 o = o * torch.sigmoid(gate)
         return linear(o.reshape(B, T, H * D), w[p + "o"], w.get(p + "o_bias"))
 
-    def _conv(self, i, xc, slots, slots32, mode, ctx):
-        """Depthwise causal conv + SiLU over [B, T, C], continuing from the pool's conv state."""
+    def _conv(self, i, xc, slots, slots32, mode, ctx, splits):
+        """Depthwise causal conv + SiLU over [B, T, C], continuing from the pool's conv state; returns the
+        output split into channel groups of `splits` (views here; contiguous tensors from the fused kernel)."""
         layer, K = self.ssm_index[i], self.cfg.conv_kernel
         T = xc.shape[1]
         if self.fused and T <= 16:
             from .fused import conv_update
             conv_in = ctx.pool.conv_in[layer] if mode == "verify" else None
             return conv_update(xc, ctx.pool.conv[layer], self.w[f"b{i}.conv_w"], self.w.get(f"b{i}.conv_b"),
-                               slots32, conv_in)
+                               slots32, conv_in, splits)
         state = ctx.pool.conv[layer, slots].to(xc.dtype)                     # [B, C, K-1]
         xa = torch.cat((state, xc.transpose(1, 2)), dim=2)                   # [B, C, K-1+T]
         win = xa.unfold(2, K, 1)                                             # [B, C, T, K]
@@ -394,7 +395,7 @@ class HybridModel:
             ctx.pool.conv_in[layer, slots, :T] = xc.to(ctx.pool.conv_in.dtype)
         else:
             ctx.pool.conv[layer, slots] = xa[:, :, T:].to(ctx.pool.conv.dtype)
-        return F.silu(y).transpose(1, 2).to(xc.dtype)                         # [B, T, C]
+        return F.silu(y).transpose(1, 2).to(xc.dtype).split(splits, dim=-1)   # [B, T, C] in groups
 
     def _mamba2(self, i, x, slots, slots32, mode, ctx):
         cfg, w, p = self.cfg, self.w, f"b{i}."
@@ -402,8 +403,7 @@ class HybridModel:
         H, P, N, G, I = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads, cfg.ssm_inner
         proj = linear(x, w[p + "in_proj"], w.get(p + "in_proj_bias"))
         z, xbc, dt = proj.split([I, cfg.conv_dim, H], dim=-1)
-        xbc = self._conv(i, xbc, slots, slots32, mode, ctx)
-        xs, Bm, Cm = xbc.split([I, G * N, G * N], dim=-1)
+        xs, Bm, Cm = self._conv(i, xbc, slots, slots32, mode, ctx, [I, G * N, G * N])
         inputs = (xs.reshape(B, T, H, P), dt, self.A[i], Bm.reshape(B, T, G, N), Cm.reshape(B, T, G, N),
                   w[p + "D"], w[p + "dt_bias"])
         y = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, P]
@@ -424,8 +424,7 @@ class HybridModel:
         B, T, _ = x.shape
         H, Dv, Dk, Hk = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads
         qkv, z, a, b = linear(x, w[p + "in_proj"]).split([cfg.conv_dim, cfg.ssm_inner, H, H], dim=-1)
-        qkv = self._conv(i, qkv, slots, slots32, mode, ctx)
-        q, k, v = qkv.split([Hk * Dk, Hk * Dk, H * Dv], dim=-1)
+        q, k, v = self._conv(i, qkv, slots, slots32, mode, ctx, [Hk * Dk, Hk * Dk, H * Dv])
         inputs = (q.reshape(B, T, Hk, Dk), k.reshape(B, T, Hk, Dk), v.reshape(B, T, H, Dv),
                   a, b, w[p + "A_log"], w[p + "dt_bias"])
         o = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, Dv]

@@ -121,7 +121,7 @@ def _torch_conv(xc, conv, conv_in, weight, bias, slots, mode):
     this = SimpleNamespace(ssm_index={0: 0}, cfg=SimpleNamespace(conv_kernel=K), fused=False,
                            w={"b0.conv_w": weight, **({"b0.conv_b": bias} if bias is not None else {})})
     ctx = SimpleNamespace(pool=SimpleNamespace(conv=conv[None], conv_in=conv_in[None]))
-    return HybridModel._conv(this, 0, xc, slots.long(), slots.int(), mode, ctx)
+    return HybridModel._conv(this, 0, xc, slots.long(), slots.int(), mode, ctx, [xc.shape[-1]])[0]
 
 
 @pytest.mark.parametrize("B, T, C, K, bias", [(3, 1, 40, 4, True), (2, 2, 70, 4, False), (2, 5, 33, 3, True),
@@ -136,12 +136,21 @@ def test_conv_update(B, T, C, K, bias, mode):
     b = torch.randn(C, generator=g) if bias else None
     state, cin = torch.randn(S, C, K - 1, generator=g), torch.randn(S, 16, C, generator=g)
     slots = torch.randperm(S, generator=g)[:B].int()
-    st_ref, cin_ref = state.clone(), cin.clone()
+    st_ref, cin_ref, st_before = state.clone(), cin.clone(), state.clone()
     ref = _torch_conv(xc, st_ref, cin_ref, weight, b, slots, mode)
     out = fused.conv_update(xc, state, weight, b, slots, cin if mode == "verify" else None)
     torch.testing.assert_close(out, ref, **TOL)
     torch.testing.assert_close(state, st_ref, rtol=0, atol=0)          # pure copies: bit-exact
     torch.testing.assert_close(cin, cin_ref, rtol=0, atol=0)
+    # the output split into contiguous channel groups (x | B | C, q | k | v) for the SSM kernels
+    splits = [C // 2, C - C // 2 - C // 4, C // 4] if C % 3 else [C // 3, C // 3, C // 3]
+    state.copy_(st_before)
+    parts = fused.conv_update(xc, state, weight, b, slots, cin if mode == "verify" else None, splits)
+    assert len(parts) == 3 and all(p.is_contiguous() for p in parts)
+    torch.testing.assert_close(torch.cat(parts, -1), ref, **TOL)
+    torch.testing.assert_close(state, st_ref, rtol=0, atol=0)
+    first, second = fused.conv_update(xc, state.clone(), weight, b, slots, None, [C - 5, 5])
+    assert first.shape == (B, T, C - 5) and second.shape == (B, T, 5)
 
 
 def test_conv_update_errors():
@@ -154,6 +163,8 @@ def test_conv_update_errors():
         fused.conv_update(x[:, :2], st, w, None, torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="conv_in must be"):
         fused.conv_update(x[:, :2], st, w, None, torch.tensor([1, 2]), torch.zeros(4, 1, 8))
+    with pytest.raises(ValueError, match="splits"):
+        fused.conv_update(x[:, :2], st, w, None, torch.tensor([1, 2]), None, [4, 3])
 
 
 # --------------------------------------------------------------------------- whole models
