@@ -159,6 +159,15 @@ def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
+def check_stages(stages):
+    """The decode wrappers' `stages`: None (plain loop over the state's column chunks) or an int >= 2
+    (Triton software-pipelines that loop's loads with cp.async: more bytes in flight per warp, more
+    shared memory per program)."""
+    check(stages is None or (isinstance(stages, int) and stages >= 2),
+          f"stages must be None or an int >= 2, got {stages!r}")
+    return stages
+
+
 def default_warps(batch: int, heads: int) -> int:
     """Warps per decode program. Measured on the H200 (bench/results/kernels.json): one warp per
     (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most
@@ -280,7 +289,8 @@ def load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, 
 def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v,
                 q_row, k_row, rq, rk, reck_base, o_r, mask_r,
                 RKS: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
-                BR: tl.constexpr, RC: tl.constexpr, NEED_K: tl.constexpr, ACC: tl.constexpr):
+                BR: tl.constexpr, RC: tl.constexpr, NEED_K: tl.constexpr, ACC: tl.constexpr,
+                NS: tl.constexpr = None):
     """One pass over the head's state in column chunks: S0 q, S0 k ([BV]) and the record dot
     products K_r q, K_r k ([BR]) for the current token (q = q_row * rq, k = k_row * rk).
     ACC: accumulate products elementwise and reduce once at the end (many warps per program),
@@ -295,7 +305,7 @@ def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_
         sk = tl.zeros([BV], dtype=tl.float32)
         kq = tl.zeros([BR], dtype=tl.float32)
         kk = tl.zeros([BR], dtype=tl.float32)
-    for c in range(K // BKC):
+    for c in tl.range(0, K // BKC, num_stages=NS):  # NS: software-pipelined loads (None: plain loop)
         o_kc = c * BKC + tl.arange(0, BKC)
         qc = tl.load(q_row + o_kc).to(tl.float32)
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)

@@ -13,10 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
-                     draft_inv_norms, draft_structure, fold_store, LayerViews, load_records,
-                     load_state_chunk, next_pow2, output_tensor, replay_pass, ring_program,
-                     row_select, softplus, state_tile)
+from .common import (INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
+                     default_warps, draft_inv_norms, draft_structure, fold_store, LayerViews,
+                     load_records, load_state_chunk, next_pow2, output_tensor, replay_pass,
+                     ring_program, row_select, softplus, state_tile)
 from . import common
 
 L2_EPS = 1e-6
@@ -47,7 +47,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                       ACC: tl.constexpr):
+                       ACC: tl.constexpr, NS: tl.constexpr = None):
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
@@ -65,11 +65,11 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     if is_flush:
         sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                         HK * K, K, BKC, BV, BR, 0, True, ACC)
+                                         HK * K, K, BKC, BV, BR, 0, True, ACC, NS)
     else:
         sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                         HK * K, K, BKC, BV, BR, RC, True, ACC)
+                                         HK * K, K, BKC, BV, BR, RC, True, ACC, NS)
     sq = alpha * (gam * sq0 + tl.sum(Dr * (w * kqr)[:, None], axis=0))
     sk = alpha * (gam * sk0 + tl.sum(Dr * (w * kkr)[:, None], axis=0))
     d = beta * (vv - sk)
@@ -381,11 +381,12 @@ def _block_v(Dv, B, H, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None):
+           block_v=None, block_k=None, num_warps=None, stages=None):
     """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
 
     Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
-    the cursor (pool.advance does)."""
+    the cursor (pool.advance does).
+    stages: software-pipeline the state loop (common.check_stages)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -411,7 +412,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, ACC=nw >= 4, num_warps=nw)
+                             INTERPRET=INTERPRET, ACC=nw >= 4, NS=check_stages(stages), num_warps=nw)
     return out
 
 

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FOLD_PREC, INTERPRET, check, check_slots, check_tensor, chunk_k, default_warps,
-                     draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
-                     output_tensor, read_copy_scales, ring_program, row_select, softplus,
+from .common import (FOLD_PREC, INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
+                     default_warps, draft_inv_norms, draft_structure, LayerViews, load_state_chunk,
+                     next_pow2, output_tensor, read_copy_scales, ring_program, row_select, softplus,
                      store_state_chunk)
 from . import common
 
@@ -77,7 +77,7 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr):
+                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr, NS: tl.constexpr = None):
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
@@ -102,7 +102,7 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     sk = tl.zeros([BV], dtype=tl.float32)
     kqr = tl.zeros([BR], dtype=tl.float32)
     kkr = tl.zeros([BR], dtype=tl.float32)
-    for c in range(K // BKC):
+    for c in tl.range(0, K // BKC, num_stages=NS):
         o_kc = c * BKC + tl.arange(0, BKC)
         KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
                                      H, K, R, HK * K, True)
@@ -305,9 +305,10 @@ def _block_v(Dv, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None):
+           block_v=None, block_k=None, num_warps=None, stages=None):
     """One KDA decode step of a batch, in place on the pool (record at cursor; flush rows fold).
-    Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype."""
+    Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype.
+    stages: software-pipeline the state loop (common.check_stages)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -331,7 +332,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, num_warps=nw)
+                             INTERPRET=INTERPRET, NS=check_stages(stages), num_warps=nw)
     return out
 
 

@@ -43,10 +43,11 @@ def compare_pools(pk, pr, layer, read_copy, ckpt):
     close(pk.rec_g[layer], pr.rec_g[layer])
 
 
-@pytest.mark.parametrize("read_copy,ckpt,warps", [("none", "fp32", 4), ("fp8", "fp32", 1), ("none", "fp16-sr", 1),
-                                                 ("nvfp4", "fp32", 1)])
-def test_decode_window_crossing_flushes(read_copy, ckpt, warps):
-    """warps picks the per-chunk-reduce (1-2 warps) or the accumulate (>= 4 warps) variant."""
+@pytest.mark.parametrize("read_copy,ckpt,warps,stages", [("none", "fp32", 4, None), ("fp8", "fp32", 1, 2),
+                                                        ("none", "fp16-sr", 1, None), ("nvfp4", "fp32", 1, None)])
+def test_decode_window_crossing_flushes(read_copy, ckpt, warps, stages):
+    """warps picks the per-chunk-reduce (1-2 warps) or the accumulate (>= 4 warps) variant; stages
+    the software-pipelined state loop (the same results)."""
     g = torch.Generator().manual_seed(1)
     pk = make_pool("gdn", read_copy=read_copy, ckpt=ckpt, gen=g)
     pr = clone_pool(pk)
@@ -60,7 +61,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, warps):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 5, H, Hk, Dv, Dk)
-        ok = kgdn.decode(pk, layer, slots, **x, **par, num_warps=warps)
+        ok = kgdn.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages)
         orf = rgdn.decode(pr, layer, slots, **x, **par)
         tol = dict(rtol=2e-4, atol=2e-5)
         close(ok[:-1], orf[:-1], **tol)
@@ -191,5 +192,7 @@ def test_wrapper_errors():
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **{**x, "q": x["q"][:, :1]}, **par)
     with pytest.raises(ValueError, match="layer"):
         kgdn.decode(pk, 5, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)
+    with pytest.raises(ValueError, match="stages must be None or an int >= 2, got 1"):
+        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, stages=1)
     with pytest.raises(ValueError, match="verify"):
         kgdn.verify(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)
