@@ -6,6 +6,9 @@
   on CUDA when that module has them, else from `sglang_replayssm.reference` (same signatures).
   A pool in `mode="conventional"` makes the same calls do conventional decoding (the baseline);
   on CUDA the kernels' `conventional_decode` updates the state in place.
+* `decode_options` / `verify_options`: keyword arguments for the Triton decode / verify wrappers
+  (block sizes, warps, `stages`, GDN's verify `method`), checked against their signatures; unused
+  by the reference path.
 * `replay_verify=False` (--no-replayssm-verify) with a ReplaySSM pool: verify steps the plain
   recurrence through the drafts keeping one state per draft (the snapshot scheme), and the commit
   writes the accepted state back as a new checkpoint.
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import torch
 
@@ -37,8 +41,21 @@ def kernel_module(family: str, device, kernels: str = "auto"):
     return mod
 
 
+def _options(fn, options, what: str) -> dict:
+    """`options` checked against the keyword-only parameters of the Triton wrapper `fn`."""
+    options = dict(options or {})
+    if options and fn is not None:
+        allowed = {n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
+        bad = sorted(set(options) - allowed)
+        if bad:
+            raise ValueError(f"{what} options {bad} are not accepted by {fn.__module__}.{fn.__name__} "
+                             f"(it takes {sorted(allowed)})")
+    return options
+
+
 class SSMOps:
-    def __init__(self, family: str, pool, replay_verify: bool = True, kernels: str = "auto"):
+    def __init__(self, family: str, pool, replay_verify: bool = True, kernels: str = "auto",
+                 decode_options: dict | None = None, verify_options: dict | None = None):
         if kernels not in ("auto", "triton", "reference"):
             raise ValueError(f"kernels must be auto, triton or reference, got {kernels!r}")
         self.family, self.pool, self.replay_verify = family, pool, replay_verify
@@ -56,6 +73,10 @@ class SSMOps:
         self.backend = "triton" if self.decode_fn is not self.ref.decode else "reference"
         self.verify_backend = "triton" if self.verify_fn is not self.ref.verify else "reference"
         self.conventional = pool.cfg.mode == "conventional"
+        self.decode_kw = _options(getattr(kern, "decode", None), decode_options, "decode")
+        self.verify_kw = _options(getattr(kern, "verify", None), verify_options, "verify")
+        if kern is None:   # the reference takes no tuning options
+            self.decode_kw, self.verify_kw = {}, {}
         self._snaps = {}   # snapshot verify: layer -> states [B, T, H, Dv, Dk]
 
     @property
@@ -84,7 +105,7 @@ class SSMOps:
                 if self.conv_decode_fn is not None:
                     return self.conv_decode_fn(self.pool.ckpt[layer], slots, *step).unsqueeze(1)
                 return self.ref.decode(self.pool, layer, slots, *step).unsqueeze(1)
-            return self.decode_fn(self.pool, layer, slots, *step).unsqueeze(1)
+            return self.decode_fn(self.pool, layer, slots, *step, **self.decode_kw).unsqueeze(1)
         if self.snapshot_verify:
             state = self.pool.ckpt[layer, slots].float()     # cursors are 0: see begin_verify
             outs, states = [], []
@@ -96,7 +117,7 @@ class SSMOps:
             return torch.stack(outs, dim=1)
         if self.conventional:   # the pool keeps one snapshot per draft (reference path)
             return self.ref.verify(self.pool, layer, slots, *inputs)
-        return self.verify_fn(self.pool, layer, slots, *(x.contiguous() for x in inputs))
+        return self.verify_fn(self.pool, layer, slots, *(x.contiguous() for x in inputs), **self.verify_kw)
 
     # ------------------------------------------------------------------ verify bookkeeping
     def begin_verify(self, slots: list, T: int) -> None:

@@ -26,3 +26,41 @@ def test_triton_path_equals_reference(family, opts, k):
         if kernels == "triton":
             assert e.ops.backend == "triton"
     assert outs["triton"] == outs["reference"]
+
+
+def test_ssm_ops_kernel_options_reach_the_kernels_and_are_checked():
+    """SSMOps passes decode/verify options to the Triton wrappers (here GDN's split verify and a
+    pipelined decode), with the reference's results; an option the wrapper lacks is a clear error."""
+    import torch
+
+    from sglang_replayssm.native.ssm_ops import SSMOps
+    from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry
+
+    H, Hk, Dv, Dk, B, T = 4, 2, 16, 16, 3, 3
+    geo = SSMGeometry(family="gdn", num_heads=H, head_v_dim=Dv, head_k_dim=Dk, num_k_heads=Hk)
+    g = torch.Generator().manual_seed(3)
+    outs = {}
+    for kernels in ("reference", "triton"):
+        pool = ReplayStatePool(geo, 1, B, ReplayConfig(window=4, max_drafts=T), device="cpu")
+        pool.ckpt.copy_(torch.randn(pool.ckpt.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+        slots = torch.tensor(pool.alloc(B), dtype=torch.int32)
+        ops = SSMOps("gdn", pool, kernels=kernels, decode_options={"stages": 2} if kernels == "triton" else None,
+                     verify_options={"method": "split"} if kernels == "triton" else None)
+        if kernels == "triton":
+            assert ops.verify_kw == {"method": "split"} and ops.decode_kw == {"stages": 2}
+        gen = torch.Generator().manual_seed(5)
+        r = lambda *s: torch.randn(*s, generator=gen)   # noqa: E731
+        res = []
+        for _ in range(2):   # two decode steps, then a verify of T drafts
+            inp = (r(B, 1, Hk, Dk), r(B, 1, Hk, Dk), r(B, 1, H, Dv), r(B, 1, H), r(B, 1, H), r(H) * 0.3, r(H) * 0.3)
+            res.append(ops.run(0, slots, "decode", inp, 1))
+            pool.advance(slots.long())
+        inp = (r(B, T, Hk, Dk), r(B, T, Hk, Dk), r(B, T, H, Dv), r(B, T, H), r(B, T, H), r(H) * 0.3, r(H) * 0.3)
+        ops.begin_verify(slots.tolist(), T)
+        res.append(ops.run(0, slots, "verify", inp, T))
+        outs[kernels] = res
+    for a, b in zip(outs["triton"], outs["reference"]):
+        torch.testing.assert_close(a.float(), b.float(), rtol=5e-4, atol=5e-5)
+    pool = ReplayStatePool(geo, 1, B, ReplayConfig(window=4, max_drafts=T), device="cpu")
+    with pytest.raises(ValueError, match=r"verify options \['methd'\] are not accepted"):
+        SSMOps("gdn", pool, kernels="triton", verify_options={"methd": "split"})
