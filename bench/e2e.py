@@ -124,7 +124,7 @@ class NoSSMOps:
         return torch.zeros_like(inputs[self.out_like])
 
 
-def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, kernels, seed=0):
+def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, kernels, seed=0, ops_options=None):
     """Pool (mode: conventional | replay | replay-fp8), KV cache and SSM ops for `batch` sequences."""
     pool_mode, read_copy = MODES[mode]
     geo = SSMGeometry(family=cfg.family, num_heads=cfg.ssm_heads, head_v_dim=cfg.ssm_head_v_dim,
@@ -148,13 +148,25 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
     kv = KVCache(cfg, batch + 1, ctx_len + 16, device, model.dtype)
     kv.k.normal_(0.0, 1.0, generator=g)
     kv.v.normal_(0.0, 1.0, generator=g)
-    ops = NoSSMOps(cfg.family) if mode == "no-ssm" else SSMOps(cfg.family, pool, replay_verify=True, kernels=kernels)
+    ops = NoSSMOps(cfg.family) if mode == "no-ssm" else SSMOps(cfg.family, pool, replay_verify=True, kernels=kernels,
+                                                               **(ops_options or {}))
     idx = torch.tensor(slots, device=device)
     return SimpleNamespace(pool=pool, kv=kv, ops=ops, slot_list=slots, slots=idx.to(torch.int32), slots_long=idx)
 
 
+def ops_options(args, family: str) -> dict:
+    """--decode-stages / --verify-method as SSMOps options (the GDN verify method only for GDN)."""
+    out = {}
+    if getattr(args, "decode_stages", None):
+        out["decode_options"] = {"stages": args.decode_stages}
+    if getattr(args, "verify_method", None) and family == "gdn":
+        out["verify_options"] = {"method": args.verify_method}
+    return out
+
+
 def decode_bench(cfg, model, batch, mode, args, device, timer):
-    st = make_state(cfg, model, batch, mode, args.window, 0, args.context, device, args.kernels)
+    st = make_state(cfg, model, batch, mode, args.window, 0, args.context, device, args.kernels,
+                    ops_options=ops_options(args, cfg.family))
     pos = torch.full((batch,), args.context - 1, device=device, dtype=torch.long)
     tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
 
@@ -206,7 +218,8 @@ def capture(step, timer, enabled: bool):
 
 
 def verify_bench(cfg, model, batch, T, args, device, timer):
-    st = make_state(cfg, model, batch, "replay", args.window, T, args.context, device, args.kernels)
+    st = make_state(cfg, model, batch, "replay", args.window, T, args.context, device, args.kernels,
+                    ops_options=ops_options(args, cfg.family))
     if st.ops.verify_backend != "triton" and timer.cuda:
         return {"skipped": f"no Triton verify kernel for {cfg.family} (reference verify is per-row Python)"}
     pos = torch.full((batch,), args.context - T, device=device, dtype=torch.long)
@@ -484,6 +497,10 @@ def main(argv=None) -> int:
     p.add_argument("--count-kernels", action="store_true",
                    help="no timing: count the device kernels of one decode and one verify forward of tiny copies "
                         "of the --models shapes, fused off vs on (CPU, Triton interpreter) -> e2e_kernel_counts.json")
+    p.add_argument("--decode-stages", type=int, default=None,
+                   help="software-pipeline the ReplaySSM decode kernels' state loop (kernels.*.decode stages)")
+    p.add_argument("--verify-method", choices=("fma", "mma", "split"), default=None,
+                   help="GDN verify kernel variant (kernels.gdn.verify method; default fma)")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
     args = p.parse_args(argv)

@@ -226,8 +226,49 @@ def cases(geos, batch, quick=False):
                 yield name, f"verify T{T} {method} bv32 bk16 w4", \
                     lambda mod=mod, pool=pool, inp_t=inp_t, kw=kw: \
                     mod.verify(pool, 0, slots, **inp_t, block_v=32, block_k=16, num_warps=4, **kw)
-    # the native engine's decode attention (reads the KV cache in place)
+    yield from native_cases(batch, quick)
+
+
+def native_cases(batch, quick=False):
+    """The native engine's own kernels at the e2e models' shapes (bench/e2e.py): decode attention
+    reading the KV cache in place, and the fused non-SSM element-wise kernels (native/fused.py)."""
+    from sglang_replayssm.native import fused
     from sglang_replayssm.native.attention import cache_attention
+    from sglang_replayssm.native.model import rope_tables
+
+    bf, f32, B = torch.bfloat16, torch.float32, batch
+    z = lambda *s, dt=bf: torch.zeros(*s, dtype=dt)   # noqa: E731
+    slots = torch.arange(1, B + 1, dtype=torch.int32)
+    pos = torch.zeros(B, dtype=torch.long)
+    # (model, hidden, SSM inner, groups, conv channels, SSM heads, head dim, MLP, attention (Hq, Hkv, D, rotary, qk-norm))
+    shapes = (("nemotron-3-nano-4b", 3072, 7680, 8, 9728, 96, 80, 12288, (32, 8, 128, 0, False)),
+              ("qwen3.5-4b", 2560, 4096, 32, 8192, 32, 128, 9216, (16, 4, 256, 64, True)))
+    for name, hid, I, G, C, H, P, F, (Hq, Hkv, D, rd, qkn) in shapes:
+        yield name, "add_rms_norm", lambda hid=hid: fused.add_rms_norm(z(B, 1, hid), z(B, 1, hid), z(hid, dt=f32), 1e-5)
+        if name.startswith("nemotron"):
+            yield name, "group_rms_norm before", lambda I=I, G=G: fused.group_rms_norm(
+                z(B, G, I // G), z(I, dt=f32), 1e-5, z(B, G, I // G), "before")
+            yield name, "act_mul relu2", lambda F=F: fused.act_mul(z(B, 1, F), None, "relu2")
+        else:
+            yield name, "group_rms_norm after", lambda H=H, P=P: fused.group_rms_norm(
+                z(B, H, P), z(P, dt=f32), 1e-6, z(B, H, P), "after")
+            yield name, "act_mul silu", lambda F=F: fused.act_mul(z(B, 1, F), z(B, 1, F), "silu")
+        cos, sin = rope_tables(256, rd, 1e7, "cpu") if rd else (None, None)
+        cache = z(B + 1, 256, Hkv, D)
+        for T in (1,) if quick else (1, 5, 8):
+            if qkn or rd:
+                yield name, f"norm_rope k->cache T{T}", lambda T=T, Hkv=Hkv, D=D, cos=cos, sin=sin, rd=rd, cache=cache: \
+                    fused.norm_rope(z(B, T, Hkv, D), pos, 1e-6, z(D, dt=f32), cos, sin, rd, cache=cache, slots=slots)
+            yield name, f"cache write v T{T}", lambda T=T, Hkv=Hkv, D=D, cache=cache: \
+                fused.norm_rope(z(B, T, Hkv, D), pos, cache=cache, slots=slots)
+        state, cin, w = z(B + 1, C, 3), z(B + 1, 8, C), z(C, 4)
+        bias = z(C) if name.startswith("nemotron") else None
+        sp = [I, G * 128, G * 128] if name.startswith("nemotron") else [2048, 2048, 4096]
+        for T in (1, 5) if quick else (1, 5, 8, 16):
+            yield name, f"conv_update T{T}", lambda T=T, C=C, state=state, w=w, bias=bias, sp=sp: \
+                fused.conv_update(z(B, T, C), state, w, bias, slots, None, sp)
+        yield name, "conv_update verify T5", lambda C=C, state=state, cin=cin, w=w, bias=bias, sp=sp: \
+            fused.conv_update(z(B, 5, C), state, w, bias, slots, cin, sp)
     for D, G in ((128, 4),) if quick else ((128, 4), (256, 4)):
         Hkv, L = 8, 64
         q = torch.zeros(batch, Hkv, G, D, dtype=torch.bfloat16)
