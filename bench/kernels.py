@@ -486,6 +486,10 @@ def sweep(args):
     names = (["gdn_qwen35_4b", "mamba2_nemotron3_super", "kda_32h"] if args.geos == "all"
              else args.geos.split(","))
     out = os.path.join(args.out, "kernels_sweep.json")
+
+    def save():   # after every group: a run cut by a time limit keeps what it measured
+        with open(out, "w") as fh:
+            json.dump(RESULTS, fh, indent=1)
     for geo in [g for g in GEOMS if g["name"] in names]:
         mod = module(geo)
         if mod is None:
@@ -501,6 +505,7 @@ def sweep(args):
                 record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}",
                        config=list(cfg), ms=ms, GBps=nb / ms / 1e6 if ms else None,
                        note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 else ""))
+            save()
             del pool
         pool = make_pool(geo, B)
         base = torch.zeros(B + 1, dtype=torch.int32, device=DEV)
@@ -520,12 +525,10 @@ def sweep(args):
                     ms = timed(bench_graph, [f] * L, 60)
                     record(geo=geo["name"], B=B, kernel=f"sweep_verify_T{T}_{method}", config=list(cfg), T=T,
                            ms=ms, GBps=nb / ms / 1e6 if ms else None, note="bv{}_bk{}_w{}".format(*cfg))
+                save()
         del pool
         torch.cuda.empty_cache()
-        with open(out, "w") as fh:
-            json.dump(RESULTS, fh, indent=1)
-    with open(out, "w") as fh:
-        json.dump(RESULTS, fh, indent=1)
+    save()
     best = {}
     for r in RESULTS["rows"]:
         key = (r["geo"], r["kernel"])

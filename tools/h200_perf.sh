@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The H200 runs that issues 3 (kernels) and 4 (native engine) wait on, one part per device call
+# (each part fits the 10-minute limit of a call; ~30 minutes of device time for all of them).
+#
+# On the dev box first:   /work/shared/tools/peer_kernels.sh .peer
+# Then, per device call (carry [".peer"]):   PART=<part> OUT=$OUT bash tools/h200_perf.sh
+#
+# PART:
+#   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
+#   sweep-others   the same for Mamba-2 Super and KDA
+#   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
+#   e2e            bench/e2e.py at B = 256: fused non-SSM kernels off and on, split GDN verify
+#   e2e-stages     bench/e2e.py at B = 256, fused on, with a pipelined decode (STAGES, default 2)
+# Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
+set -uo pipefail
+PY=${PY:-python3}
+OUT=${OUT:?set OUT}
+PART=${PART:?set PART (sweep-gdn, sweep-others, kernels, e2e, e2e-stages)}
+LIMIT=${LIMIT:-560}
+export PYTHONPATH=.:.peer PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+mkdir -p "$OUT"
+(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
+ $PY -c "import torch, triton; print(torch.__version__, triton.__version__)") > "$OUT/env_$PART.txt" 2>&1
+case $PART in
+  sweep-gdn)
+    timeout "$LIMIT" $PY bench/kernels.py --sweep --geos gdn_qwen35_4b --out "$OUT" ;;
+  sweep-others)
+    timeout "$LIMIT" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super,kda_32h --out "$OUT" ;;
+  kernels)
+    timeout "$LIMIT" $PY bench/kernels.py --geos gdn_qwen35_4b,mamba2_nemotron3_super,kda_32h --batches 256 \
+      --out "$OUT" ;;
+  e2e)
+    timeout "$LIMIT" $PY bench/e2e.py --batches 256 --verify-method split --out "$OUT/e2e.json" ;;
+  e2e-stages)
+    timeout "$LIMIT" $PY bench/e2e.py --batches 256 --fused on --modes conventional replay replay-fp8 \
+      --decode-stages "${STAGES:-2}" --verify-method split --out "$OUT/e2e_stages.json" ;;
+  *)
+    echo "unknown PART=$PART" >&2; exit 2 ;;
+esac 2>&1 | tee "$OUT/${PART}_log.txt"
