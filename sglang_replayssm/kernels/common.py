@@ -575,6 +575,24 @@ def draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K: tl.constexpr, BKC: 
 
 
 @triton.jit
+def draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk):
+    """Columns o_kc of the drafts' normalised q and k ([BT, BKC] each)."""
+    Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+    Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+    return Qc * rq[:, None], Kc * rk[:, None]
+
+
+@triton.jit
+def gram_update(KrQ, KrK, QK, KK, Kr, Qc, Kc):
+    """Add one column chunk's share of K_r q_t, K_r k_t ([BR, BT]) and q_t.k_i, k_t.k_i ([BT, BT])."""
+    KrQ += tl.sum(Kr[:, None, :] * Qc[None, :, :], axis=2)
+    KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
+    QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
+    KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
+    return KrQ, KrK, QK, KK
+
+
+@triton.jit
 def dot_t(a, b, PREC: tl.constexpr):
     """a @ b with fp32 accumulation at the chosen input precision."""
     return tl.dot(a, b, input_precision=PREC)

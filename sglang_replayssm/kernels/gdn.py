@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from .common import (INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
-                     default_warps, draft_inv_norms, draft_structure, fold_store, LayerViews,
-                     load_records, load_state_chunk, next_pow2, output_tensor, replay_pass,
-                     ring_program, row_select, softplus, state_tile)
+                     default_warps, draft_chunk, draft_inv_norms, draft_structure, fold_store,
+                     gram_update, LayerViews, load_records, load_state_chunk, next_pow2,
+                     output_tensor, replay_pass, ring_program, row_select, softplus, state_tile)
 from . import common
 
 L2_EPS = 1e-6
@@ -184,16 +184,12 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     KK = tl.zeros([BT, BT], dtype=tl.float32)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
-        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
-        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        Qc, Kc = draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk)
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
         aq += S0[None, :, :] * Qc[:, None, :]
         ak += S0[None, :, :] * Kc[:, None, :]
-        KrQ += tl.sum(Kr[:, None, :] * Qc[None, :, :], axis=2)
-        KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
-        QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
-        KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
+        KrQ, KrK, QK, KK = gram_update(KrQ, KrK, QK, KK, Kr, Qc, Kc)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc q_t [BT, BV]
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
@@ -228,13 +224,9 @@ def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_p
     KK = tl.zeros([BT, BT], dtype=tl.float32)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
-        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
-        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        Qc, Kc = draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk)
         Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        KrQ += tl.sum(Kr[:, None, :] * Qc[None, :, :], axis=2)
-        KrK += tl.sum(Kr[:, None, :] * Kc[None, :, :], axis=2)
-        QK += tl.sum(Qc[:, None, :] * Kc[None, :, :], axis=2)
-        KK += tl.sum(Kc[:, None, :] * Kc[None, :, :], axis=2)
+        KrQ, KrK, QK, KK = gram_update(KrQ, KrK, QK, KK, Kr, Qc, Kc)
     g = gram_ptr + (i_b * HK + i_hk) * (2 * BR * BT + 2 * BT * BT + 2 * BT)
     rt = o_r[:, None] * BT + o_t[None, :]
     tt = o_t[:, None] * BT + o_t[None, :]
@@ -271,8 +263,7 @@ def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     ak = tl.zeros([BT, BV, BKC], dtype=tl.float32)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
-        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
-        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        Qc, Kc = draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk)
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         aq += S0[None, :, :] * Qc[:, None, :]
         ak += S0[None, :, :] * Kc[:, None, :]

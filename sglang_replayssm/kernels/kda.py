@@ -13,9 +13,9 @@ import triton
 import triton.language as tl
 
 from .common import (FOLD_PREC, INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
-                     default_warps, draft_inv_norms, draft_structure, LayerViews, load_state_chunk,
-                     next_pow2, output_tensor, read_copy_scales, ring_program, row_select, softplus,
-                     store_state_chunk)
+                     default_warps, draft_chunk, draft_inv_norms, draft_structure, LayerViews,
+                     load_state_chunk, next_pow2, output_tensor, read_copy_scales, ring_program,
+                     row_select, softplus, store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -199,8 +199,7 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     PK = tl.zeros([BT, BT], dtype=tl.float32)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
-        Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rq[:, None]
-        Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+        Qc, Kc = draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk)
         ac = tl.load(a_ptr + (tok[:, None] * H + i_h) * K + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
         gd = -tl.exp(alog) * softplus(ac + tl.load(dtb_ptr + i_h * K + o_kc).to(tl.float32)[None, :])
         gd = tl.where(mask_t[:, None], gd, 0.0)                                            # [t, c]
