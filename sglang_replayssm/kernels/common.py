@@ -575,6 +575,30 @@ def draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K: tl.constexpr, BKC: 
 
 
 @triton.jit
+def delta_solve(M, RHS, beta, o_t, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """The drafts' delta-rule values D [BT, BV]: d_t = beta_t (RHS_t - sum_i M[t, i] d_i), by forward
+    substitution in draft order (a topological order of chains and trees; M is zero off the path)."""
+    Dd = tl.zeros([BT, BV], dtype=tl.float32)
+    for t in tl.static_range(T):
+        corr = tl.sum(row_select(M, t, o_t)[:, None] * Dd, axis=0)
+        bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
+        dt = bt * (row_select(RHS, t, o_t) - corr)
+        Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
+    return Dd
+
+
+@triton.jit
+def store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H: tl.constexpr, V: tl.constexpr,
+                  R: tl.constexpr):
+    """Write the drafts' d records at ring positions cur..; returns (positions, their mask)."""
+    pos = cur + o_t
+    mpos = mask_t & (pos < R)
+    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
+             Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
+    return pos, mpos
+
+
+@triton.jit
 def draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk):
     """Columns o_kc of the drafts' normalised q and k ([BT, BKC] each)."""
     Qc = tl.load(q_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)

@@ -14,9 +14,10 @@ import triton
 import triton.language as tl
 
 from .common import (INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
-                     default_warps, draft_chunk, draft_inv_norms, draft_structure, fold_store,
-                     gram_update, LayerViews, load_records, load_state_chunk, next_pow2,
-                     output_tensor, replay_pass, ring_program, row_select, softplus, state_tile)
+                     default_warps, delta_solve, draft_chunk, draft_inv_norms, draft_structure,
+                     fold_store, gram_update, LayerViews, load_records, load_state_chunk, next_pow2,
+                     output_tensor, replay_pass, ring_program, softplus, state_tile,
+                     store_draft_d)
 from . import common
 
 L2_EPS = 1e-6
@@ -131,19 +132,11 @@ def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     E = tl.where(ANC > 0.0, tl.exp(tl.minimum(LG[:, None] - LG[None, :], 0.0)), 0.0)  # decay i -> t on the path
     M = tl.where(o_t[:, None] == o_t[None, :], 0.0, E * KK)
     RHS = Vd - tl.exp(LG)[:, None] * SK
-    Dd = tl.zeros([BT, BV], dtype=tl.float32)
-    for t in tl.static_range(T):  # forward substitution (topological order)
-        corr = tl.sum(row_select(M, t, o_t)[:, None] * Dd, axis=0)
-        bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
-        dt = bt * (row_select(RHS, t, o_t) - corr)
-        Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
+    Dd = delta_solve(M, RHS, beta, o_t, T, BT, BV)
     O = tl.exp(LG)[:, None] * SQ + tl.sum((E * QK)[:, :, None] * Dd[None, :, :], axis=1)
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_v[None, :])
-    pos = cur + o_t
-    mpos = mask_t & (pos < R)
-    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
-             Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
+    pos, mpos = store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
         if i_h % (H // HK) == 0:

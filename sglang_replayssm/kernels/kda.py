@@ -13,9 +13,9 @@ import triton
 import triton.language as tl
 
 from .common import (FOLD_PREC, INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
-                     default_warps, draft_chunk, draft_inv_norms, draft_structure, LayerViews,
-                     load_state_chunk, next_pow2, output_tensor, read_copy_scales, ring_program,
-                     row_select, softplus, store_state_chunk)
+                     default_warps, delta_solve, draft_chunk, draft_inv_norms, draft_structure,
+                     LayerViews, load_state_chunk, next_pow2, output_tensor, read_copy_scales,
+                     ring_program, softplus, store_draft_d, store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -228,19 +228,11 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     beta = tl.sigmoid(tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32))
     RHS = Vd - SK
-    Dd = tl.zeros([BT, BV], dtype=tl.float32)
-    for t in tl.static_range(T):
-        corr = tl.sum(row_select(PK, t, o_t)[:, None] * Dd, axis=0)
-        bt = tl.sum(tl.where(o_t == t, beta, 0.0), axis=0)
-        dt = bt * (row_select(RHS, t, o_t) - corr)
-        Dd = tl.where(o_t[:, None] == t, dt[None, :], Dd)
+    Dd = delta_solve(PK, RHS, beta, o_t, T, BT, BV)
     O = SQ + tl.sum(PQ[:, :, None] * Dd[None, :, :], axis=1)
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_v[None, :])
-    pos = cur + o_t
-    mpos = mask_t & (pos < R)
-    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
-             Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
+    pos, mpos = store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
     if i_v == 0:
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
