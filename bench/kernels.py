@@ -178,15 +178,17 @@ def run_conventional_ours(geo, B, state, slots, inp, cfg):
 
 
 def run_replay_ours(geo, pool, slots, inp, curs, cfg):
-    """cfg: (block_v, block_k, warps) or (block_v, block_k, warps, stages)."""
+    """cfg: (block_v, block_k, warps[, stages[, flush_block_k]]); 0 = the default for the last two."""
     mod = module(geo)
     bv, bk, nw = cfg[:3]
-    stages = cfg[3] if len(cfg) > 3 else None
+    stages = cfg[3] if len(cfg) > 3 and cfg[3] else None
+    fbk = cfg[4] if len(cfg) > 4 and cfg[4] else None
     steps = []
     for s in range(L):
         def f(s=s):
             pool.cursor = curs[s]
-            mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw, stages=stages)
+            mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw, stages=stages,
+                       flush_block_k=fbk)
         steps.append(f)
     return steps
 
@@ -354,8 +356,10 @@ def main():
                          " over a grid of block sizes and warps at batch --sweep-batch; writes kernels_sweep.json")
     ap.add_argument("--sweep-batch", type=int, default=256)
     ap.add_argument("--sweep-decode", default="16x32x1,32x32x1,32x64x1,64x32x1,32x16x2,32x32x2,64x16x2,64x32x2,"
-                    "32x32x4,64x32x4,128x32x4,128x32x8,32x32x1x2,32x32x2x2,32x32x2x3,64x32x4x2",
-                    help="decode configs BVxBKxWARPS[xSTAGES] (STAGES: software-pipelined state loop)")
+                    "32x32x4,64x32x4,128x32x4,128x32x8,32x32x1x2,32x32x2x2,32x32x2x3,64x32x4x2,"
+                    "32x64x1x0x32,32x128x2x0x32,64x128x4x0x32",
+                    help="decode configs BVxBKxWARPS[xSTAGES[xFLUSH_BK]] (STAGES: software-pipelined state loop; "
+                         "FLUSH_BK: column chunk of flush rows; 0 = default)")
     ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
                     "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS")
     args = ap.parse_args()
@@ -504,7 +508,8 @@ def sweep(args):
                 ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg), 60)
                 record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}",
                        config=list(cfg), ms=ms, GBps=nb / ms / 1e6 if ms else None,
-                       note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 else ""))
+                       note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
+                       + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""))
             save()
             del pool
         pool = make_pool(geo, B)

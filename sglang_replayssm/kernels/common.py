@@ -168,6 +168,17 @@ def check_stages(stages):
     return stages
 
 
+def check_flush_block_k(flush_block_k, Dk: int) -> int:
+    """The decode wrappers' `flush_block_k`: None (0 to the kernel: use block_k) or a power of 2
+    >= 16 dividing head_k_dim."""
+    if flush_block_k is None:
+        return 0
+    check(isinstance(flush_block_k, int) and flush_block_k >= 16 and flush_block_k & (flush_block_k - 1) == 0
+          and Dk % flush_block_k == 0,
+          f"flush_block_k must be None or a power of 2 >= 16 dividing head_k_dim {Dk}, got {flush_block_k!r}")
+    return flush_block_k
+
+
 def default_warps(batch: int, heads: int) -> int:
     """Warps per decode program. Measured on the H200 (bench/results/kernels.json): one warp per
     (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most

@@ -13,11 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
-                     default_warps, delta_solve, draft_chunk, draft_inv_norms, draft_structure,
-                     fold_store, gram_update, LayerViews, load_records, load_state_chunk, next_pow2,
-                     output_tensor, replay_pass, ring_program, softplus, state_tile,
-                     store_draft_d)
+from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+                     chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
+                     draft_structure, fold_store, gram_update, LayerViews, load_records,
+                     load_state_chunk, next_pow2, output_tensor, replay_pass, ring_program,
+                     softplus, state_tile, store_draft_d)
 from . import common
 
 L2_EPS = 1e-6
@@ -48,7 +48,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                       ACC: tl.constexpr, NS: tl.constexpr = None):
+                       ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None):
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
@@ -66,7 +66,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     if is_flush:
         sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                         HK * K, K, BKC, BV, BR, 0, True, ACC, NS)
+                                         HK * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, True, ACC, NS)
     else:
         sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
@@ -82,7 +82,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
         fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                    recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                    alpha, d, k_row, rk, seed, stream, idx_base,
-                   HK * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+                   HK * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
     # the record of this token at ring position cur
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -365,12 +365,14 @@ def _block_v(Dv, B, H, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None):
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None):
     """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
 
     Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
     the cursor (pool.advance does).
-    stages: software-pipeline the state loop (common.check_stages)."""
+    stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
+    chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
+    read copy does not size the flush path's registers."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -396,7 +398,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, ACC=nw >= 4, NS=check_stages(stages), num_warps=nw)
+                             INTERPRET=INTERPRET, ACC=nw >= 4, FBKC=check_flush_block_k(flush_block_k, Dk),
+                             NS=check_stages(stages), num_warps=nw)
     return out
 
 

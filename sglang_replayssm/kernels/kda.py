@@ -12,10 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FOLD_PREC, INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
-                     default_warps, delta_solve, draft_chunk, draft_inv_norms, draft_structure,
-                     LayerViews, load_state_chunk, next_pow2, output_tensor, read_copy_scales,
-                     ring_program, softplus, store_draft_d, store_state_chunk)
+from .common import (FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
+                     check_tensor, chunk_k, default_warps, delta_solve, draft_chunk,
+                     draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
+                     output_tensor, read_copy_scales, ring_program, softplus, store_draft_d,
+                     store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -77,7 +78,8 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr, NS: tl.constexpr = None):
+                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
+                       FBKC: tl.constexpr = 0, NS: tl.constexpr = None):
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
@@ -128,7 +130,8 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
         _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, recg_ptr,
                         reck_base, slot, i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, d, k_row, rk, seed, stream, idx_base,
-                        H, K, R, HK * K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+                        H, K, R, HK * K, FBKC if FBKC > 0 else BKC, BV, RC, CKPT_SR, SHARED, True,
+                        INTERPRET)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
     if i_v == 0:
         g = -tl.exp(alog) * softplus(tl.load(a_row + o_k).to(tl.float32) + tl.load(dtb_row + o_k).to(tl.float32))
@@ -296,10 +299,12 @@ def _block_v(Dv, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None):
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None):
     """One KDA decode step of a batch, in place on the pool (record at cursor; flush rows fold).
     Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype.
-    stages: software-pipeline the state loop (common.check_stages)."""
+    stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
+    chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
+    read copy does not size the flush path's registers."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -323,7 +328,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, NS=check_stages(stages), num_warps=nw)
+                             INTERPRET=INTERPRET, FBKC=check_flush_block_k(flush_block_k, Dk),
+                             NS=check_stages(stages), num_warps=nw)
     return out
 
 

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (INTERPRET, check, check_slots, check_stages, check_tensor, chunk_k,
-                     default_warps, draft_structure, fold_store, LayerViews, load_records,
+from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+                     chunk_k, default_warps, draft_structure, fold_store, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, replay_pass, ring_program,
                      softplus, state_tile)
 
@@ -48,7 +48,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                       SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
-                      ACC: tl.constexpr, NS: tl.constexpr = None):
+                      ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None):
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, G, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
@@ -67,7 +67,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     if is_flush:
         sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                        mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                       G * K, K, BKC, BV, BR, 0, False, ACC, NS)
+                                       G * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, False, ACC, NS)
     else:
         sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                        mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
@@ -84,7 +84,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
         fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                    recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                    a, u, B_row, 1.0, seed, stream, idx_base,
-                   G * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+                   G * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
     if i_v == 0:
@@ -190,10 +190,12 @@ def _block_v(P, block_v):
 
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
-           block_k=None, num_warps=None, stages=None):
+           block_k=None, num_warps=None, stages=None, flush_block_k=None):
     """One Mamba-2 decode step of a batch, in place on the pool (record at cursor; flush rows
     fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype.
-    stages: software-pipeline the state loop (common.check_stages)."""
+    stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
+    chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
+    read copy does not size the flush path's registers."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, x, dt, A, B, C, D, dt_bias, z, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -217,7 +219,8 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
                             BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
-                            INTERPRET=INTERPRET, ACC=nw >= 4, NS=check_stages(stages), num_warps=nw)
+                            INTERPRET=INTERPRET, ACC=nw >= 4, FBKC=check_flush_block_k(flush_block_k, N),
+                            NS=check_stages(stages), num_warps=nw)
     return out
 
 

@@ -61,7 +61,8 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, warps, stages):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 5, H, Hk, Dv, Dk)
-        ok = kgdn.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages)
+        ok = kgdn.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages,
+                         flush_block_k=16 if read_copy == "fp8" else None)
         orf = rgdn.decode(pr, layer, slots, **x, **par)
         tol = dict(rtol=2e-4, atol=2e-5)
         close(ok[:-1], orf[:-1], **tol)
@@ -194,5 +195,7 @@ def test_wrapper_errors():
         kgdn.decode(pk, 5, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)
     with pytest.raises(ValueError, match="stages must be None or an int >= 2, got 1"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, stages=1)
+    with pytest.raises(ValueError, match="flush_block_k must be None or a power of 2 >= 16 dividing"):
+        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, flush_block_k=24)
     with pytest.raises(ValueError, match="verify"):
         kgdn.verify(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)

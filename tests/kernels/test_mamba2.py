@@ -36,7 +36,8 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps, stages):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 4, H, G, P, N, z=z)
-        yk = km2.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages)
+        yk = km2.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages,
+                        flush_block_k=16 if read_copy == "fp8" else None)
         yr = rm2.decode(pr, layer, slots, **x, **par)
         close(yk[:-1], yr[:-1])
         compare_pools(pk, pr, layer, read_copy, ckpt)
