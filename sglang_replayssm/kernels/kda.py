@@ -79,10 +79,15 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                       FBKC: tl.constexpr = 0, NS: tl.constexpr = None):
+                       FBKC: tl.constexpr = 0, NS: tl.constexpr = None, FLUSH_ONLY: tl.constexpr = False):
+    """All rows of a decode step (FLUSH_ONLY: only the rows whose record fills the window; the
+    split decode runs the others through _kda_decode_prep_kernel + _kda_decode_read_kernel)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
+    if FLUSH_ONLY:
+        if not is_flush:
+            return
     q_row = q_ptr + (i_b * HK + i_hk) * K
     k_row = k_ptr + (i_b * HK + i_hk) * K
     a_row = a_ptr + (i_b * H + i_h) * K
@@ -138,6 +143,82 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
         tl.store(recg_ptr + ((slot * R + cur) * H + i_h) * K + o_k, g)
         if i_h % (H // HK) == 0:
             tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
+                            prep_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+                            WINDOW: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
+    """Split decode, stage 1, one program per (row, head) of a non-flush row: everything that does
+    not involve the state or the value rows, once instead of in every value block. With G the
+    records' cumulative log-decay per channel, W_j = exp(G - G_j) and alpha the token's decay:
+    u = exp(G) alpha q, w = exp(G) alpha k ([K]), kq_j = (k_j W_j).(alpha q), kk_j = (k_j W_j).(alpha k)
+    ([BR]), k.q and beta -> prep row [u | w | kq_j | kk_j | k.q, beta]. Also writes the token's g and
+    k records at ring position cursor."""
+    i_h = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    if cur + 1 >= WINDOW:
+        return
+    o_r = tl.arange(0, BR)
+    mask_r = o_r < cur
+    o_k = tl.arange(0, K)
+    k_row = k_ptr + (i_b * HK + i_hk) * K
+    a_row = a_ptr + (i_b * H + i_h) * K
+    alog = tl.load(alog_ptr + i_h).to(tl.float32)
+    qf = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    kf = tl.load(k_row + o_k).to(tl.float32)
+    rq = scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS)
+    rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    KW, gam, al, g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_k, a_row, alog, dtb_ptr + i_h * K,
+                                H, K, R, HK * K, True)
+    qc = qf * rq * al
+    kc = kf * rk * al
+    p = prep_ptr + (i_b * H + i_h) * (2 * K + 2 * BR + 2)
+    tl.store(p + o_k, gam * qc)
+    tl.store(p + K + o_k, gam * kc)
+    tl.store(p + 2 * K + o_r, tl.sum(KW * qc[None, :], axis=1))
+    tl.store(p + 2 * K + BR + o_r, tl.sum(KW * kc[None, :], axis=1))
+    tl.store(p + 2 * K + 2 * BR, tl.sum(qf * kf, axis=0) * rq * rk)
+    tl.store(p + 2 * K + 2 * BR + 1, tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32)))
+    tl.store(recg_ptr + ((slot * R + cur) * H + i_h) * K + o_k, g)
+    if i_h % (H // HK) == 0:
+        tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
+                            prep_ptr, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                            R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                            BR: tl.constexpr, RC: tl.constexpr, NS: tl.constexpr = None):
+    """Split decode, stage 2, non-flush rows: S u and S w from the checkpoint (or its read copy) as
+    a GDN decode does, the records' share from stage 1's kq_j / kk_j, then d = beta (v - S'k),
+    o = S'q + d k.q, and the d record."""
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
+    if cur + 1 >= WINDOW:
+        return
+    p = prep_ptr + (i_b * H + i_h) * (2 * K + 2 * BR + 2)
+    head_rows = (slot * H + i_h) * V
+    sq = tl.zeros([BV], dtype=tl.float32)
+    sk = tl.zeros([BV], dtype=tl.float32)
+    for c in tl.range(0, K // BKC, num_stages=NS):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        sq += tl.sum(S0 * tl.load(p + o_kc)[None, :], axis=1)
+        sk += tl.sum(S0 * tl.load(p + K + o_kc)[None, :], axis=1)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    sq = sq + tl.sum(Dr * tl.load(p + 2 * K + o_r)[:, None], axis=0)
+    sk = sk + tl.sum(Dr * tl.load(p + 2 * K + BR + o_r)[:, None], axis=0)
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    d = tl.load(p + 2 * K + 2 * BR + 1) * (vv - sk)
+    o = sq + d * tl.load(p + 2 * K + 2 * BR)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -299,9 +380,12 @@ def _block_v(Dv, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None):
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused"):
     """One KDA decode step of a batch, in place on the pool (record at cursor; flush rows fold).
     Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype.
+    method: "fused" (one launch for all rows) or "split" (non-flush rows: the per-(row, head) record
+    and decay work once in a small kernel, then a state pass like GDN's; flush rows: the fused kernel
+    restricted to them).
     stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
     chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
     read copy does not size the flush path's registers."""
@@ -322,14 +406,26 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         BV = next_pow2(Dv)
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
+    check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
+    BR = max(16, next_pow2(lv.window))
+    if method == "split":
+        prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
+        _kda_decode_prep_kernel[(H, B)](q, k, a, b, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, prep, scale,
+                                        H=H, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
+        rbv = _block_v(Dv, block_v)
+        rnw = num_warps or default_warps(B, H)
+        _kda_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
+            v, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R,
+            WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode, NS=check_stages(stages),
+            num_warps=rnw)
     grid = (triton.cdiv(Dv, BV), H, B)
     _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
-                             BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
                              INTERPRET=INTERPRET, FBKC=check_flush_block_k(flush_block_k, Dk),
-                             NS=check_stages(stages), num_warps=nw)
+                             NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 
 

@@ -18,10 +18,12 @@ def params(g, H, Dk):
     return dict(A_log=(torch.randn(H, generator=g) * 0.5).to(DEV), dt_bias=(torch.randn(H, Dk, generator=g) * 0.5).to(DEV))
 
 
-@pytest.mark.parametrize("read_copy,ckpt,shared,stages", [("none", "fp32", False, None), ("fp8", "fp32", False, 2),
-                                                          ("none", "fp16-sr", False, None), ("nvfp4", "fp32", False, None),
-                                                          ("nvfp4", "fp16-sr", False, None), ("nvfp4", "fp32", True, None)])
-def test_decode_window_crossing_flushes(read_copy, ckpt, shared, stages):
+@pytest.mark.parametrize("read_copy,ckpt,shared,stages,method", [
+    ("none", "fp32", False, None, "fused"), ("fp8", "fp32", False, 2, "fused"), ("none", "fp16-sr", False, None, "fused"),
+    ("nvfp4", "fp32", False, None, "fused"), ("nvfp4", "fp16-sr", False, None, "fused"),
+    ("nvfp4", "fp32", True, None, "fused"),
+    ("none", "fp32", False, None, "split"), ("fp8", "fp32", False, 2, "split"), ("nvfp4", "fp16-sr", False, None, "split")])
+def test_decode_window_crossing_flushes(read_copy, ckpt, shared, stages, method):
     g = torch.Generator().manual_seed(21)
     pk = make_pool("kda", read_copy=read_copy, ckpt=ckpt, shared_quant=shared, gen=g)
     pr = clone_pool(pk)
@@ -34,7 +36,8 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, shared, stages):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 4, H, Hk, Dv, Dk)
-        ok = kkda.decode(pk, 1, slots, **x, **par, stages=stages, flush_block_k=16 if read_copy == "fp8" else None)
+        ok = kkda.decode(pk, 1, slots, **x, **par, stages=stages, flush_block_k=16 if read_copy == "fp8" else None,
+                          method=method)
         orf = rkda.decode(pr, 1, slots, **x, **par)
         close(ok[:-1], orf[:-1])
         compare_pools(pk, pr, 1, read_copy, ckpt)
