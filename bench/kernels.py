@@ -177,9 +177,11 @@ def run_conventional_ours(geo, B, state, slots, inp, cfg):
     return [lambda: mod.conventional_decode(state, slots, **inp, block_v=bv, num_warps=nw)] * L
 
 
-def run_replay_ours(geo, pool, slots, inp, curs, cfg):
-    """cfg: (block_v, block_k, warps[, stages[, flush_block_k]]); 0 = the default for the last two."""
+def run_replay_ours(geo, pool, slots, inp, curs, cfg, method=None):
+    """cfg: (block_v, block_k, warps[, stages[, flush_block_k]]); 0 = the default for the last two.
+    method: KDA's decode method ("fused" / "split"), None for the default."""
     mod = module(geo)
+    kw = {"method": method} if method else {}
     bv, bk, nw = cfg[:3]
     stages = cfg[3] if len(cfg) > 3 and cfg[3] else None
     fbk = cfg[4] if len(cfg) > 4 and cfg[4] else None
@@ -188,7 +190,7 @@ def run_replay_ours(geo, pool, slots, inp, curs, cfg):
         def f(s=s):
             pool.cursor = curs[s]
             mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw, stages=stages,
-                       flush_block_k=fbk)
+                       flush_block_k=fbk, **kw)
         steps.append(f)
     return steps
 
@@ -423,6 +425,14 @@ def main():
                        hbm_limit_ms=nb / bw / 1e6)
             pool.cursor = curs[0]
             pool8.cursor = curs[0]
+            if geo["family"] == "kda" and B == 256:   # the split decode, at the fused one's best config
+                cfg = best.get("replay_fp32", (0, rcfgs[0]))[1]
+                ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg, "split"), rep)
+                if ms:
+                    nb = bytes_replay(geo, B, "none")
+                    record(geo=name, B=B, kernel="ours_replay_fp32_split", ms=ms, GBps=nb / ms / 1e6, bytes=nb,
+                           config=list(cfg))
+                pool.cursor = curs[0]
             # records in bf16 (smaller ring traffic), fp32 state
             if B == 256:
                 pb = make_pool(geo, nslots, record_dtype=torch.bfloat16)
@@ -504,12 +514,14 @@ def sweep(args):
         for rc in ("none", "fp8"):
             pool = make_pool(geo, B, read_copy=rc)
             nb = bytes_replay(geo, B, rc)
-            for cfg in _configs(args.sweep_decode):
-                ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg), 60)
-                record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}",
-                       config=list(cfg), ms=ms, GBps=nb / ms / 1e6 if ms else None,
-                       note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
-                       + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""))
+            for method in (("fused", "split") if geo["family"] == "kda" else (None,)):
+                for cfg in _configs(args.sweep_decode):
+                    ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg, method), 60)
+                    record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}"
+                           + (f"_{method}" if method else ""), config=list(cfg), ms=ms,
+                           GBps=nb / ms / 1e6 if ms else None,
+                           note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
+                           + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""))
             save()
             del pool
         pool = make_pool(geo, B)
