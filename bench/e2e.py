@@ -155,10 +155,15 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
 
 
 def ops_options(args, family: str) -> dict:
-    """--decode-stages / --verify-method as SSMOps options (the GDN verify method only for GDN)."""
+    """--decode-stages / --decode-method / --verify-method as SSMOps options (the verify method: GDN only)."""
     out = {}
+    dec = {}
     if getattr(args, "decode_stages", None):
-        out["decode_options"] = {"stages": args.decode_stages}
+        dec["stages"] = args.decode_stages
+    if getattr(args, "decode_method", None):
+        dec["method"] = args.decode_method
+    if dec:
+        out["decode_options"] = dec
     if getattr(args, "verify_method", None) and family == "gdn":
         out["verify_options"] = {"method": args.verify_method}
     return out
@@ -499,6 +504,8 @@ def main(argv=None) -> int:
                         "of the --models shapes, fused off vs on (CPU, Triton interpreter) -> e2e_kernel_counts.json")
     p.add_argument("--decode-stages", type=int, default=None,
                    help="software-pipeline the ReplaySSM decode kernels' state loop (kernels.*.decode stages)")
+    p.add_argument("--decode-method", choices=("fused", "split"), default=None,
+                   help="ReplaySSM decode kernel variant (kernels.*.decode method; default fused)")
     p.add_argument("--verify-method", choices=("fma", "mma", "split"), default=None,
                    help="GDN verify kernel variant (kernels.gdn.verify method; default fma)")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")

@@ -215,7 +215,7 @@ def cases(geos, batch, quick=False):
                 yield name, f"decode {label} bv{bv} bk{bk} w{nw}", \
                     lambda mod=mod, pool=pool, inp=inp, bv=bv, bk=bk, nw=nw: \
                     mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw)
-            if geo["family"] == "kda" and label in ("fp32", "fp8"):
+            if label in ("fp32", "fp8"):
                 yield name, f"decode {label} split bv32 bk32 w2", lambda mod=mod, pool=pool, inp=inp: \
                     mod.decode(pool, 0, slots, **inp, block_v=32, block_k=32, num_warps=2, method="split")
             counts = torch.full((batch,), 3, dtype=torch.int32)

@@ -179,7 +179,7 @@ def run_conventional_ours(geo, B, state, slots, inp, cfg):
 
 def run_replay_ours(geo, pool, slots, inp, curs, cfg, method=None):
     """cfg: (block_v, block_k, warps[, stages[, flush_block_k]]); 0 = the default for the last two.
-    method: KDA's decode method ("fused" / "split"), None for the default."""
+    method: the decode method ("fused" / "split"), None for the default."""
     mod = module(geo)
     kw = {"method": method} if method else {}
     bv, bk, nw = cfg[:3]
@@ -425,7 +425,7 @@ def main():
                        hbm_limit_ms=nb / bw / 1e6)
             pool.cursor = curs[0]
             pool8.cursor = curs[0]
-            if geo["family"] == "kda" and B == 256:   # the split decode, at the fused one's best config
+            if B == 256:   # the split decode, at the fused one's best config
                 cfg = best.get("replay_fp32", (0, rcfgs[0]))[1]
                 ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg, "split"), rep)
                 if ms:
@@ -514,7 +514,7 @@ def sweep(args):
         for rc in ("none", "fp8"):
             pool = make_pool(geo, B, read_copy=rc)
             nb = bytes_replay(geo, B, rc)
-            for method in (("fused", "split") if geo["family"] == "kda" else (None,)):
+            for method in ("fused", "split"):
                 for cfg in _configs(args.sweep_decode):
                     ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg, method), 60)
                     record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}"

@@ -9,8 +9,9 @@
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
 #   sweep-others   the same for Mamba-2 Super and KDA
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
-#   e2e            bench/e2e.py at B = 256: fused non-SSM kernels off and on, split GDN verify
-#   e2e-stages     bench/e2e.py at B = 256, fused on, with a pipelined decode (STAGES, default 2)
+#   e2e            bench/e2e.py at B = 256: fused non-SSM kernels off and on; DECODE_METHOD (fused) and
+#                  VERIFY_METHOD (split) pick the SSM kernel variants: set them from the sweep's winners
+#   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
 # Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
 set -uo pipefail
 PY=${PY:-python3}
@@ -30,10 +31,11 @@ case $PART in
     timeout "$LIMIT" $PY bench/kernels.py --geos gdn_qwen35_4b,mamba2_nemotron3_super,kda_32h --batches 256 \
       --out "$OUT" ;;
   e2e)
-    timeout "$LIMIT" $PY bench/e2e.py --batches 256 --verify-method split --out "$OUT/e2e.json" ;;
+    timeout "$LIMIT" $PY bench/e2e.py --batches 256 --decode-method "${DECODE_METHOD:-fused}" \
+      --verify-method "${VERIFY_METHOD:-split}" --out "$OUT/e2e.json" ;;
   e2e-stages)
     timeout "$LIMIT" $PY bench/e2e.py --batches 256 --fused on --modes conventional replay replay-fp8 \
-      --decode-stages "${STAGES:-2}" --verify-method split --out "$OUT/e2e_stages.json" ;;
+      --decode-stages "${STAGES:-2}" --decode-method split --verify-method split --out "$OUT/e2e_stages.json" ;;
   *)
     echo "unknown PART=$PART" >&2; exit 2 ;;
 esac 2>&1 | tee "$OUT/${PART}_log.txt"

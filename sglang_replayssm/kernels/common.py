@@ -301,7 +301,7 @@ def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_
                 q_row, k_row, rq, rk, reck_base, o_r, mask_r,
                 RKS: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
                 BR: tl.constexpr, RC: tl.constexpr, NEED_K: tl.constexpr, ACC: tl.constexpr,
-                NS: tl.constexpr = None):
+                NS: tl.constexpr = None, RECS: tl.constexpr = True):
     """One pass over the head's state in column chunks: S0 q, S0 k ([BV]) and the record dot
     products K_r q, K_r k ([BR]) for the current token (q = q_row * rq, k = k_row * rk).
     ACC: accumulate products elementwise and reduce once at the end (many warps per program),
@@ -320,21 +320,27 @@ def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_
         o_kc = c * BKC + tl.arange(0, BKC)
         qc = tl.load(q_row + o_kc).to(tl.float32)
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)
-        Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        if RECS:
+            Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mask_r[:, None],
+                         other=0.0).to(tl.float32)
         if ACC:
             aq += S0 * qc[None, :]
-            rqa += Kr * qc[None, :]
+            if RECS:
+                rqa += Kr * qc[None, :]
         else:
             sq += tl.sum(S0 * qc[None, :], axis=1)
-            kq += tl.sum(Kr * qc[None, :], axis=1)
+            if RECS:
+                kq += tl.sum(Kr * qc[None, :], axis=1)
         if NEED_K:
             kc = tl.load(k_row + o_kc).to(tl.float32)
             if ACC:
                 ak += S0 * kc[None, :]
-                rka += Kr * kc[None, :]
+                if RECS:
+                    rka += Kr * kc[None, :]
             else:
                 sk += tl.sum(S0 * kc[None, :], axis=1)
-                kk += tl.sum(Kr * kc[None, :], axis=1)
+                if RECS:
+                    kk += tl.sum(Kr * kc[None, :], axis=1)
     if ACC:
         sq = tl.sum(aq, axis=1)
         sk = tl.sum(ak, axis=1)
@@ -433,6 +439,23 @@ def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v
                              gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
         store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream, idx_base,
                           K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
+
+
+@triton.jit
+def record_key_products(reck_ptr, x_row, y_row, slot, cur, i_hk, rx, ry, HK: tl.constexpr, K: tl.constexpr,
+                        R: tl.constexpr, BR: tl.constexpr, NEED_Y: tl.constexpr):
+    """K_r x and K_r y ([BR], rows >= cur are 0) of the committed record keys of (slot, k-head i_hk)
+    with the token's vectors x = x_row * rx, y = y_row * ry: the part of a decode that every value
+    head of the group and every value block shares (split decode, stage 1)."""
+    o_r = tl.arange(0, BR)
+    o_k = tl.arange(0, K)
+    Kr = tl.load(reck_ptr + (slot * R * HK + i_hk) * K + o_r[:, None] * (HK * K) + o_k[None, :],
+                 mask=(o_r < cur)[:, None], other=0.0).to(tl.float32)
+    kx = tl.sum(Kr * tl.load(x_row + o_k).to(tl.float32)[None, :], axis=1) * rx
+    ky = kx
+    if NEED_Y:
+        ky = tl.sum(Kr * tl.load(y_row + o_k).to(tl.float32)[None, :], axis=1) * ry
+    return kx, ky
 
 
 @triton.jit

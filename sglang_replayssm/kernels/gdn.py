@@ -16,8 +16,8 @@ import triton.language as tl
 from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_store, gram_update, LayerViews, load_records,
-                     load_state_chunk, next_pow2, output_tensor, replay_pass, ring_program,
-                     softplus, state_tile, store_draft_d)
+                     load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
+                     ring_program, softplus, state_tile, store_draft_d)
 from . import common
 
 L2_EPS = 1e-6
@@ -48,10 +48,16 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                       ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None):
+                       ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
+                       FLUSH_ONLY: tl.constexpr = False):
+    """All rows of a decode step (FLUSH_ONLY: only the rows whose record fills the window; the split
+    decode runs the others through _gdn_decode_prep_kernel + _gdn_decode_read_kernel)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
+    if FLUSH_ONLY:
+        if not is_flush:
+            return
     q_row = q_ptr + (i_b * HK + i_hk) * K
     k_row = k_ptr + (i_b * HK + i_hk) * K
     rq, rk, kq, g, beta = _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
@@ -92,6 +98,70 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
             o_k = tl.arange(0, K)
             kf = tl.load(k_row + o_k).to(tl.float32) * rk
             tl.store(reck_base + cur * (HK * K) + o_k, kf.to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, scale,
+                            HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
+                            BR: tl.constexpr, EPS: tl.constexpr):
+    """Split decode, stage 1, one program per (row, k-head) of a non-flush row: the q/k normalisers,
+    k.q and the committed keys' products K_r q, K_r k, shared by the group's value heads and value
+    blocks -> prep row [K_r q (BR) | K_r k (BR) | k.q | rq | rk]; and the token's k record."""
+    i_hk = tl.program_id(0)
+    i_b = tl.program_id(1)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    if cur + 1 >= WINDOW:
+        return
+    q_row = q_ptr + (i_b * HK + i_hk) * K
+    k_row = k_ptr + (i_b * HK + i_hk) * K
+    o_k = tl.arange(0, K)
+    qf = tl.load(q_row + o_k).to(tl.float32)
+    kf = tl.load(k_row + o_k).to(tl.float32)
+    rq = scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS)
+    rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
+    krq, krk = record_key_products(reck_ptr, q_row, k_row, slot, cur, i_hk, rq, rk, HK, K, R, BR, True)
+    o_r = tl.arange(0, BR)
+    p = prep_ptr + (i_b * HK + i_hk) * (2 * BR + 3)
+    tl.store(p + o_r, krq)
+    tl.store(p + BR + o_r, krk)
+    tl.store(p + 2 * BR, tl.sum(qf * kf, axis=0) * rq * rk)
+    tl.store(p + 2 * BR + 1, rq)
+    tl.store(p + 2 * BR + 2, rk)
+    tl.store(reck_ptr + (slot * R * HK + i_hk) * K + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
+                            ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr,
+                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                            R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                            BR: tl.constexpr, RC: tl.constexpr, ACC: tl.constexpr, NS: tl.constexpr = None):
+    """Split decode, stage 2, non-flush rows: the state pass (S q, S k from the checkpoint or its read
+    copy) with the record products from stage 1, then d, the output, the d and g records."""
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
+    if cur + 1 >= WINDOW:
+        return
+    p = prep_ptr + (i_b * HK + i_hk) * (2 * BR + 3)
+    av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
+    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    alpha = tl.exp(g)
+    beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    sq0, sk0, _kq, _kk = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
+                                     mask_v, q_ptr + (i_b * HK + i_hk) * K, k_ptr + (i_b * HK + i_hk) * K,
+                                     tl.load(p + 2 * BR + 1), tl.load(p + 2 * BR + 2), recd_ptr, o_r, mask_r,  # no keys read
+                                     HK * K, K, BKC, BV, BR, RC, True, ACC, NS, False)
+    sq = alpha * (gam * sq0 + tl.sum(Dr * (w * tl.load(p + o_r))[:, None], axis=0))
+    sk = alpha * (gam * sk0 + tl.sum(Dr * (w * tl.load(p + BR + o_r))[:, None], axis=0))
+    d = beta * (vv - sk)
+    o = sq + d * tl.load(p + 2 * BR)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
 
 
 @triton.jit
@@ -365,14 +435,16 @@ def _block_v(Dv, B, H, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None):
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused"):
     """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
 
     Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
     the cursor (pool.advance does).
     stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
     chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
-    read copy does not size the flush path's registers."""
+    read copy does not size the flush path's registers. method: "fused" (one launch for all rows) or
+    "split" (non-flush rows: the k-head's record products once in a small kernel, then the state
+    pass; flush rows: the fused kernel restricted to them)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -391,6 +463,17 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         BV = next_pow2(lv.Dv)
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
+    check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
+    BR = max(16, next_pow2(lv.window))
+    if method == "split":
+        prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
+        _gdn_decode_prep_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, prep, scale, HK=Hk, K=Dk, R=lv.R,
+                                         WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
+        rbv, rnw = _block_v(Dv, B, H, block_v), num_warps or default_warps(B, H)
+        _gdn_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
+            q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_g, prep,
+            H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR,
+            RC=lv.rc_mode, ACC=rnw >= 4, NS=check_stages(stages), num_warps=rnw)
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
@@ -399,7 +482,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
                              INTERPRET=INTERPRET, ACC=nw >= 4, FBKC=check_flush_block_k(flush_block_k, Dk),
-                             NS=check_stages(stages), num_warps=nw)
+                             NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 
 

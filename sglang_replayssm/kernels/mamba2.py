@@ -13,8 +13,8 @@ import triton.language as tl
 from . import common
 from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      chunk_k, default_warps, draft_structure, fold_store, LayerViews, load_records,
-                     load_state_chunk, next_pow2, output_tensor, replay_pass, ring_program,
-                     softplus, state_tile)
+                     load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
+                     ring_program, softplus, state_tile)
 
 
 @triton.jit
@@ -48,10 +48,16 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
                       SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
-                      ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None):
+                      ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
+                      FLUSH_ONLY: tl.constexpr = False):
+    """All rows of a decode step (FLUSH_ONLY: only the rows whose record fills the window; the split
+    decode runs the others through _m2_decode_prep_kernel + _m2_decode_read_kernel)."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, G, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
+    if FLUSH_ONLY:
+        if not is_flush:
+            return
     B_row = B_ptr + (i_b * G + i_g) * K
     C_row = C_ptr + (i_b * G + i_g) * K
     o_k = tl.arange(0, K)
@@ -91,6 +97,62 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
         tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
         if i_h % (H // G) == 0:
             tl.store(reck_base + cur * (G * K) + o_k, tl.load(B_row + o_k).to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, G: tl.constexpr, K: tl.constexpr,
+                           R: tl.constexpr, WINDOW: tl.constexpr, BR: tl.constexpr):
+    """Split decode, stage 1, one program per (row, group) of a non-flush row: B.C and the committed
+    keys' products K_r C, shared by the group's heads and value blocks -> prep row [K_r C (BR) | B.C];
+    and the token's B record."""
+    i_g = tl.program_id(0)
+    i_b = tl.program_id(1)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    if cur + 1 >= WINDOW:
+        return
+    B_row = B_ptr + (i_b * G + i_g) * K
+    C_row = C_ptr + (i_b * G + i_g) * K
+    o_k = tl.arange(0, K)
+    Bv = tl.load(B_row + o_k)
+    krc, _ = record_key_products(reck_ptr, C_row, C_row, slot, cur, i_g, 1.0, 1.0, G, K, R, BR, False)
+    p = prep_ptr + (i_b * G + i_g) * (BR + 1)
+    tl.store(p + tl.arange(0, BR), krc)
+    tl.store(p + BR, tl.sum(Bv.to(tl.float32) * tl.load(C_row + o_k).to(tl.float32), axis=0))
+    tl.store(reck_ptr + (slot * R * G + i_g) * K + cur * (G * K) + o_k, Bv.to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
+                           ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr,
+                           H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                           WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                           RC: tl.constexpr, HAS_Z: tl.constexpr, ACC: tl.constexpr, NS: tl.constexpr = None):
+    """Split decode, stage 2, non-flush rows: the state pass (S C from the checkpoint or its read
+    copy) with the record products from stage 1, then y, the u and g records."""
+    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, G, V, BV, BR)
+    if cur + 1 >= WINDOW:
+        return
+    p = prep_ptr + (i_b * G + i_g) * (BR + 1)
+    xv = tl.load(x_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + i_b * H + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
+    g = dt * tl.load(A_ptr + i_h).to(tl.float32)
+    u = dt * xv
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    C_row = C_ptr + (i_b * G + i_g) * K
+    sc0, _s, _k, _kk = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
+                                   mask_v, C_row, C_row, 1.0, 1.0, recd_ptr, o_r, mask_r,  # no keys read
+                                   G * K, K, BKC, BV, BR, RC, False, ACC, NS, False)
+    y = tl.exp(g) * (gam * sc0 + tl.sum(Dr * (w * tl.load(p + o_r))[:, None], axis=0)) + u * tl.load(p + BR)
+    y = y + tl.load(D_ptr + i_h).to(tl.float32) * xv
+    if HAS_Z:
+        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        y = y * zv * tl.sigmoid(zv)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty), mask=mask_v)
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
 
 
 @triton.jit
@@ -190,12 +252,14 @@ def _block_v(P, block_v):
 
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
-           block_k=None, num_warps=None, stages=None, flush_block_k=None):
+           block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused"):
     """One Mamba-2 decode step of a batch, in place on the pool (record at cursor; flush rows
     fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype.
     stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
     chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
-    read copy does not size the flush path's registers."""
+    read copy does not size the flush path's registers. method: "fused" (one launch for all rows)
+    or "split" (non-flush rows: the group's record products once in a small kernel, then the state
+    pass; flush rows: the fused kernel restricted to them)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, x, dt, A, B, C, D, dt_bias, z, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -212,6 +276,18 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
         BV = next_pow2(lv.Dv)
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
+    check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
+    BR = max(16, next_pow2(lv.window))
+    if method == "split":
+        prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
+        _m2_decode_prep_kernel[(G, Bn)](B, C, slots, lv.cursor, lv.rec_k, prep, G=G, K=N, R=lv.R, WINDOW=lv.window,
+                                        BR=BR, num_warps=4)
+        rbv, rnw = _block_v(P, block_v), num_warps or default_warps(Bn, H)
+        _m2_decode_read_kernel[(triton.cdiv(P, rbv), H, Bn)](
+            x, dt, A, C, D, dt_bias, z if z is not None else x, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs,
+            lv.rec_d, lv.rec_g, prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
+            BKC=block_k or chunk_k(N), BR=BR, RC=lv.rc_mode, HAS_Z=z is not None, ACC=rnw >= 4,
+            NS=check_stages(stages), num_warps=rnw)
     grid = (triton.cdiv(P, BV), H, Bn)
     _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
                             lv.cursor, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
@@ -220,7 +296,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                             BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
                             INTERPRET=INTERPRET, ACC=nw >= 4, FBKC=check_flush_block_k(flush_block_k, N),
-                            NS=check_stages(stages), num_warps=nw)
+                            NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 
 

@@ -43,9 +43,11 @@ def compare_pools(pk, pr, layer, read_copy, ckpt):
     close(pk.rec_g[layer], pr.rec_g[layer])
 
 
-@pytest.mark.parametrize("read_copy,ckpt,warps,stages", [("none", "fp32", 4, None), ("fp8", "fp32", 1, 2),
-                                                        ("none", "fp16-sr", 1, None), ("nvfp4", "fp32", 1, None)])
-def test_decode_window_crossing_flushes(read_copy, ckpt, warps, stages):
+@pytest.mark.parametrize("read_copy,ckpt,warps,stages,method", [
+    ("none", "fp32", 4, None, "fused"), ("fp8", "fp32", 1, 2, "fused"), ("none", "fp16-sr", 1, None, "fused"),
+    ("nvfp4", "fp32", 1, None, "fused"), ("none", "fp32", 1, None, "split"), ("fp8", "fp16-sr", 4, 2, "split"),
+    ("nvfp4", "fp32", 2, None, "split")])
+def test_decode_window_crossing_flushes(read_copy, ckpt, warps, stages, method):
     """warps picks the per-chunk-reduce (1-2 warps) or the accumulate (>= 4 warps) variant; stages
     the software-pipelined state loop (the same results)."""
     g = torch.Generator().manual_seed(1)
@@ -62,7 +64,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, warps, stages):
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 5, H, Hk, Dv, Dk)
         ok = kgdn.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages,
-                         flush_block_k=16 if read_copy == "fp8" else None)
+                         flush_block_k=16 if read_copy == "fp8" else None, method=method)
         orf = rgdn.decode(pr, layer, slots, **x, **par)
         tol = dict(rtol=2e-4, atol=2e-5)
         close(ok[:-1], orf[:-1], **tol)

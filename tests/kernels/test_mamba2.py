@@ -19,10 +19,12 @@ def params(g, H):
                 dt_bias=(torch.randn(H, generator=g) * 0.3).to(DEV))
 
 
-@pytest.mark.parametrize("read_copy,ckpt,z,warps,stages", [("none", "fp32", True, 1, 3), ("fp8", "fp32", False, 4, None),
-                                                          ("none", "fp16-sr", True, 1, None),
-                                                          ("nvfp4", "fp32", True, 4, None)])
-def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps, stages):
+@pytest.mark.parametrize("read_copy,ckpt,z,warps,stages,method", [
+    ("none", "fp32", True, 1, 3, "fused"), ("fp8", "fp32", False, 4, None, "fused"),
+    ("none", "fp16-sr", True, 1, None, "fused"), ("nvfp4", "fp32", True, 4, None, "fused"),
+    ("none", "fp32", True, 1, None, "split"), ("fp8", "fp16-sr", False, 4, 2, "split"),
+    ("nvfp4", "fp32", True, 2, None, "split")])
+def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps, stages, method):
     g = torch.Generator().manual_seed(11)
     pk = make_pool("mamba2", read_copy=read_copy, ckpt=ckpt, gen=g)
     pr = clone_pool(pk)
@@ -37,7 +39,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps, stages):
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 4, H, G, P, N, z=z)
         yk = km2.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages,
-                        flush_block_k=16 if read_copy == "fp8" else None)
+                        flush_block_k=16 if read_copy == "fp8" else None, method=method)
         yr = rm2.decode(pr, layer, slots, **x, **par)
         close(yk[:-1], yr[:-1])
         compare_pools(pk, pr, layer, read_copy, ckpt)
