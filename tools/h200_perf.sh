@@ -18,15 +18,20 @@ PY=${PY:-python3}
 OUT=${OUT:?set OUT}
 PART=${PART:?set PART (sweep-gdn, sweep-others, kernels, e2e, e2e-stages)}
 LIMIT=${LIMIT:-560}
+# a focused grid (each config compiles once, ~2-4 s): decode BVxBKxWARPS[xSTAGES[xFLUSH_BK]], verify BVxBKxWARPS
+DEC=${DEC:-32x32x1,32x32x2,64x32x2,64x32x4,32x64x1x0x32,32x128x2x0x32,32x32x1x2,32x32x2x3}
+VER=${VER:-16x16x2,32x16x2,32x16x4,64x16x4,64x16x8,32x32x8}
 export PYTHONPATH=.:.peer PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 mkdir -p "$OUT"
 (nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
  $PY -c "import torch, triton; print(torch.__version__, triton.__version__)") > "$OUT/env_$PART.txt" 2>&1
 case $PART in
   sweep-gdn)
-    timeout "$LIMIT" $PY bench/kernels.py --sweep --geos gdn_qwen35_4b --out "$OUT" ;;
+    timeout "$LIMIT" $PY bench/kernels.py --sweep --geos gdn_qwen35_4b --sweep-decode "$DEC" --sweep-verify "$VER" \
+      --out "$OUT" ;;
   sweep-others)
-    timeout "$LIMIT" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super,kda_32h --out "$OUT" ;;
+    timeout "$LIMIT" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super,kda_32h --sweep-decode "$DEC" \
+      --sweep-verify "$VER" --out "$OUT" ;;
   kernels)
     timeout "$LIMIT" $PY bench/kernels.py --geos gdn_qwen35_4b,mamba2_nemotron3_super,kda_32h --batches 256 \
       --out "$OUT" ;;
