@@ -19,6 +19,7 @@ from .prefix_tree import PrefixTree
 STATS_TTL_S = 30.0
 # how long a completion that arrived before its routing notice is remembered (see completed())
 EARLY_COMPLETION_TTL_S = 300.0
+EARLY_COMPLETION_MAX = 8192
 
 
 class RouterState:
@@ -118,9 +119,9 @@ class RouterState:
                 return
             now = time.monotonic()
             self.early_completions[key] = now
-            if len(self.early_completions) > 256:
-                self.early_completions = {k: t for k, t in self.early_completions.items()
-                                          if now - t < EARLY_COMPLETION_TTL_S}
+            if len(self.early_completions) > EARLY_COMPLETION_MAX:   # drop expired, then the oldest half
+                kept = [(k, t) for k, t in self.early_completions.items() if now - t < EARLY_COMPLETION_TTL_S]
+                self.early_completions = dict(kept[-EARLY_COMPLETION_MAX // 2:])
 
     def served(self, route_key: str, replica: str) -> None:
         """The replica processed this prompt (+ output): it now holds these prefixes."""

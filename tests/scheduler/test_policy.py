@@ -154,3 +154,9 @@ def test_router_state_inflight_counts_survive_any_callback_order():
     assert st.inflight["a"] == 1
     st.completed("late", "a")
     assert st.inflight["a"] == 0
+    # completions never followed by a routing notice (rejected attempts) stay bounded
+    from sglang_replayssm.scheduler.state import EARLY_COMPLETION_MAX
+    for i in range(3 * EARLY_COMPLETION_MAX):
+        st.completed(f"rejected{i}", "b")
+    assert len(st.early_completions) <= EARLY_COMPLETION_MAX
+    assert ("rejected%d" % (3 * EARLY_COMPLETION_MAX - 1), "b") in st.early_completions
