@@ -88,15 +88,19 @@ class _Sm90(DriverBase):
         pass
 
 
-def resource_usage(cubin: bytes) -> dict:
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """The text of `cuobjdump <flag>` (shipped with Triton) on a cubin."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
+
+
+def resource_usage(cubin: bytes) -> dict:
+    text = cuobjdump(cubin, "--dump-resource-usage")
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
     if m is None:
         raise RuntimeError(f"no resource line in cuobjdump output:\n{text}")
@@ -108,15 +112,8 @@ def sass_fingerprint(cubin: bytes, dump: str | None = None) -> str:
     """sha256 of the SASS instruction stream (addresses, encodings and symbol names stripped): equal
     fingerprints mean a source change (e.g. folding repeated code into a shared @triton.jit helper)
     left the machine code as it was."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    try:
-        text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
     instrs = []
-    for line in text.splitlines():
+    for line in cuobjdump(cubin, "-sass").splitlines():
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;?\s*(/\*.*\*/)?\s*$", line)
         if m:
             instrs.append(m.group(1))

@@ -24,6 +24,12 @@ L2_EPS = 1e-6
 
 
 @triton.jit
+def _gdn_gate(av, alog_ptr, dtb_ptr, i_h):
+    """g = -exp(A_log) softplus(a + dt_bias) of value head i_h (av: a, one value or one per draft)."""
+    return -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+
+
+@triton.jit
 def _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale, H: tl.constexpr,
                  K: tl.constexpr, EPS: tl.constexpr):
     """Per (row, head) scalars of the current token: q/k normalisers, k.q, g, beta."""
@@ -35,7 +41,7 @@ def _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
     kq = tl.sum(qf * kf, axis=0) * rq * rk
     av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
     bv = tl.load(b_ptr + i_b * H + i_h).to(tl.float32)
-    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    g = _gdn_gate(av, alog_ptr, dtb_ptr, i_h)
     return rq, rk, kq, g, tl.sigmoid(bv)
 
 
@@ -145,7 +151,7 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
         return
     p = prep_ptr + (i_b * HK + i_hk) * (2 * BR + 3)
     av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
-    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    g = _gdn_gate(av, alog_ptr, dtb_ptr, i_h)
     alpha = tl.exp(g)
     beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
     vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
@@ -195,7 +201,7 @@ def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
     bv = tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
-    G = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    G = _gdn_gate(av, alog_ptr, dtb_ptr, i_h)
     G = tl.where(mask_t, G, 0.0)
     beta = tl.sigmoid(bv)
     ANC, LG = draft_structure(par_ptr + i_b * T, G, T, BT, HAS_PARENTS)
@@ -410,7 +416,7 @@ def _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, i
     vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
     bv = tl.load(b_ptr + i_b * H + i_h).to(tl.float32)
-    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(av + tl.load(dtb_ptr + i_h).to(tl.float32))
+    g = _gdn_gate(av, alog_ptr, dtb_ptr, i_h)
     return qv, kv, vv, g, tl.sigmoid(bv)
 
 
