@@ -178,19 +178,20 @@ def run_conventional_ours(geo, B, state, slots, inp, cfg):
 
 
 def run_replay_ours(geo, pool, slots, inp, curs, cfg, method=None):
-    """cfg: (block_v, block_k, warps[, stages[, flush_block_k]]); 0 = the default for the last two.
+    """cfg: (block_v, block_k, warps[, stages[, flush_block_k[, flush_warps]]]); 0 = the default for the last three.
     method: the decode method ("fused" / "split"), None for the default."""
     mod = module(geo)
     kw = {"method": method} if method else {}
     bv, bk, nw = cfg[:3]
     stages = cfg[3] if len(cfg) > 3 and cfg[3] else None
     fbk = cfg[4] if len(cfg) > 4 and cfg[4] else None
+    fw = cfg[5] if len(cfg) > 5 and cfg[5] else None
     steps = []
     for s in range(L):
         def f(s=s):
             pool.cursor = curs[s]
             mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw, stages=stages,
-                       flush_block_k=fbk, **kw)
+                       flush_block_k=fbk, flush_warps=fw, **kw)
         steps.append(f)
     return steps
 
@@ -521,7 +522,8 @@ def sweep(args):
                            + (f"_{method}" if method else ""), config=list(cfg), ms=ms,
                            GBps=nb / ms / 1e6 if ms else None,
                            note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
-                           + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""))
+                           + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else "")
+                           + (f"_fw{cfg[5]}" if len(cfg) > 5 and cfg[5] else ""))
             save()
             del pool
         pool = make_pool(geo, B)

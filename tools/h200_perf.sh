@@ -8,6 +8,7 @@
 # PART:
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
 #   sweep-others   the same for Mamba-2 Super and KDA
+#   sweep-all      a smaller grid for all three families in one call (G, VER_GDN, VER_M2, G_KDA, VER_KDA; LIM_*)
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
 #   e2e            bench/e2e.py at B = 256: fused non-SSM kernels off and on; DECODE_METHOD (fused) and
 #                  VERIFY_METHOD (split) pick the SSM kernel variants: set them from the sweep's winners
@@ -16,7 +17,7 @@
 set -uo pipefail
 PY=${PY:-python3}
 OUT=${OUT:?set OUT}
-PART=${PART:?set PART (sweep-gdn, sweep-others, kernels, e2e, e2e-stages)}
+PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, kernels, e2e, e2e-stages)}
 LIMIT=${LIMIT:-560}
 # a focused grid (each config compiles once, ~2-4 s): decode BVxBKxWARPS[xSTAGES[xFLUSH_BK]], verify BVxBKxWARPS
 DEC=${DEC:-32x32x1,32x32x2,64x32x2,64x32x4,32x64x1x0x32,32x128x2x0x32,32x32x1x2,32x32x2x3}
@@ -32,6 +33,16 @@ case $PART in
   sweep-others)
     timeout "$LIMIT" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super,kda_32h --sweep-decode "$DEC" \
       --sweep-verify "$VER" --out "$OUT" ;;
+  sweep-all)   # the three families in one call, each cut at its share of the limit (partial results kept)
+    G=${G:-32x32x1,32x32x2,16x128x2x0x32,16x128x2x0x128,32x128x4x0x128,32x64x2x0x128,64x128x4x0x128,32x32x1x2,32x32x2x3}
+    mkdir -p "$OUT/gdn" "$OUT/mamba2" "$OUT/kda"
+    timeout "${LIM_GDN:-270}" $PY bench/kernels.py --sweep --geos gdn_qwen35_4b --sweep-decode "$G" \
+      --sweep-verify "${VER_GDN:-16x16x2,32x16x2,32x16x4,64x16x4}" --out "$OUT/gdn"
+    timeout "${LIM_M2:-170}" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super --sweep-decode "$G" \
+      --sweep-verify "${VER_M2:-32x16x4,64x16x4,32x32x4}" --out "$OUT/mamba2"
+    timeout "${LIM_KDA:-110}" $PY bench/kernels.py --sweep --geos kda_32h \
+      --sweep-decode "${G_KDA:-32x32x1,32x32x2,16x128x2x0x128,32x128x4x0x128,32x32x1x2}" \
+      --sweep-verify "${VER_KDA:-32x16x4,16x16x2}" --out "$OUT/kda" ;;
   kernels)
     timeout "$LIMIT" $PY bench/kernels.py --geos gdn_qwen35_4b,mamba2_nemotron3_super,kda_32h --batches 256 \
       --out "$OUT" ;;

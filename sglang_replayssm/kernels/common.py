@@ -179,6 +179,14 @@ def check_flush_block_k(flush_block_k, Dk: int) -> int:
     return flush_block_k
 
 
+def flush_launch_warps(flush_warps, num_warps: int) -> int:
+    """Warps of the split decode's flush launch (the decode wrappers' `flush_warps`): None -> at least
+    4 (the fold's tensor-core dot and whole-row chunks want several warps), or a power of 2 in 1..16."""
+    check(flush_warps is None or (isinstance(flush_warps, int) and flush_warps in (1, 2, 4, 8, 16)),
+          f"flush_warps must be None or a power of 2 in 1..16, got {flush_warps!r}")
+    return flush_warps or max(num_warps, 4)
+
+
 def default_warps(batch: int, heads: int) -> int:
     """Warps per decode program. Measured on the H200 (bench/results/kernels.json): one warp per
     (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most
@@ -350,21 +358,29 @@ def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_
 
 
 @triton.jit
-def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt, gtot,
-                     alpha, dcur, k_row, rk, RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr,
-                     K: tl.constexpr, HAS_CUR: tl.constexpr):
-    """Columns o_kc of alpha*(S0 exp(gtot) + sum_j w_j d_j k_j^T) (+ dcur k^T): rank-1 updates over
-    the cnt records (fp32 FMAs; few registers, flush rows only)."""
+def weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, RDS: tl.constexpr, RGS: tl.constexpr,
+                     BR: tl.constexpr):
+    """Records 0..cnt-1 of one head as one tile: d_j w_j [BR, BV] (rows o_v; w_j = exp(gtot - sum_{i<=j} g_i),
+    the decay from record j to the last one; rows >= cnt are 0), and the record index vector and mask."""
+    o_r = tl.arange(0, BR)
+    mr = o_r < cnt
+    Gr = tl.load(recg_base + o_r * RGS, mask=mr, other=0.0)
+    w = tl.where(mr, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
+    Dr = tl.load(recd_base + o_r[:, None] * RDS + o_v[None, :], mask=mr[:, None] & mask_v[None, :],
+                 other=0.0).to(tl.float32)
+    return Dr * w[:, None], o_r, mr
+
+
+@triton.jit
+def _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, Dw, o_r, mr, gtot,
+                     alpha, dcur, k_row, rk, RKS: tl.constexpr, K: tl.constexpr, HAS_CUR: tl.constexpr):
+    """Columns o_kc of alpha*(S0 exp(gtot) + Dw^T K_r) (+ dcur k^T), Dw the weighted records of
+    weighted_records: the checkpoint chunk and the record keys are two loads in flight at once, the
+    record sum one tensor-core dot (3xTF32: fp32-level accuracy)."""
     rows = head_rows + o_v
     S = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
-    S = S * tl.exp(gtot)
-    cum = gtot * 0.0
-    for j in range(cnt):
-        cum += tl.load(recg_base + j * RGS)
-        dj = tl.load(recd_base + j * RDS + o_v, mask=mask_v, other=0.0).to(tl.float32) * tl.exp(gtot - cum)
-        kj = tl.load(reck_base + j * RKS + o_kc).to(tl.float32)
-        S += dj[:, None] * kj[None, :]
-    S = alpha * S
+    Kr = tl.load(reck_base + o_r[:, None] * RKS + o_kc[None, :], mask=mr[:, None], other=0.0).to(tl.float32)
+    S = alpha * (S * tl.exp(gtot) + tl.dot(tl.trans(Dw), Kr, input_precision=FOLD_PREC))
     if HAS_CUR:
         kc = tl.load(k_row + o_kc).to(tl.float32) * rk
         S = S + dcur[:, None] * kc[None, :]
@@ -417,28 +433,39 @@ def store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, s
 def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, reck_base, recd_base,
                recg_base, cnt, gtot, alpha, dcur, k_row, rk, seed, stream, idx_base,
                RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr, K: tl.constexpr,
-               BKC: tl.constexpr, BV: tl.constexpr,
+               BKC: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
                RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_CUR: tl.constexpr,
                INTERPRET: tl.constexpr):
     """Write the folded state S = alpha*(S0 exp(gtot) + sum_j w_j d_j k_j^T) (+ dcur k^T) of rows
     o_v of one head: checkpoint (fp32, or fp16 with stochastic rounding) and the read copy: fp8
-    (per-row scales need a first pass for the row maxima) or NVFP4 (the per-head global scale needs
-    the whole head in this program: BV >= Dv). Reads S0 from the fp32/fp16 checkpoint."""
+    (per-row scales) or NVFP4 (the per-head global scale needs the whole head in this program:
+    BV >= Dv). Reads S0 from the fp32/fp16 checkpoint. A quantized read copy needs the rows' maxima
+    first: with whole rows in one chunk (BKC == K) the state is formed once, else in two passes."""
     rows = head_rows + o_v
-    amax = tl.zeros([BV], dtype=tl.float32)
-    if RC != 0:
+    Dw, o_r, mr = weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, RDS, RGS, BR)
+    if RC != 0 and BKC == K:
+        o_k = tl.arange(0, K)
+        S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_k, reck_base, Dw, o_r, mr, gtot, alpha, dcur,
+                             k_row, rk, RKS, K, HAS_CUR)
+        amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
+        sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
+        store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_k, 0, mask_v, sc, gs, seed, stream, idx_base,
+                          K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
+    else:
+        amax = tl.zeros([BV], dtype=tl.float32)
+        if RC != 0:
+            for c in range(K // BKC):
+                o_kc = c * BKC + tl.arange(0, BKC)
+                S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, Dw, o_r, mr, gtot, alpha,
+                                     dcur, k_row, rk, RKS, K, HAS_CUR)
+                amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
+        sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
-            S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
-                                 gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
-            amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
-    sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
-                             gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
-        store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream, idx_base,
-                          K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
+            S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, Dw, o_r, mr, gtot, alpha,
+                                 dcur, k_row, rk, RKS, K, HAS_CUR)
+            store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
+                              idx_base, K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
 
 
 @triton.jit
@@ -534,7 +561,7 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
                    reck_ptr + (slot * R * HK + i_hk) * K, recd_ptr + (slot * R * H + i_h) * V,
                    recg_ptr + slot * R * H + i_h, cnt, gtot, 1.0,
                    tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
-                   HK * K, H * V, H, K, BKC, BV, RC, CKPT_SR, SHARED, False, INTERPRET)
+                   HK * K, H * V, H, K, BKC, BV, BR, RC, CKPT_SR, SHARED, False, INTERPRET)
 
 
 def fold(pool, layer: int, slots, counts, per_channel: bool,
@@ -556,7 +583,7 @@ def fold(pool, layer: int, slots, counts, per_channel: bool,
     BV = block_v or 16
     BKC = chunk_k(lv.Dk)
     if lv.rc_mode == RC_NVFP4:  # the per-head global scale needs the whole head in one program
-        BV, BKC, num_warps = next_pow2(lv.Dv), 16, max(num_warps, 8)
+        BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), 16, max(num_warps, 8)
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(lv.Dv, BV), lv.H, B)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+                     flush_launch_warps,
                      chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_store, gram_update, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
@@ -94,7 +95,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
         fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                    recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                    alpha, d, k_row, rk, seed, stream, idx_base,
-                   HK * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+                   HK * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET)
     # the record of this token at ring position cur
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -437,18 +438,20 @@ def _block_v(Dv, B, H, block_v):
     if block_v is not None:
         check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
         return block_v
-    return min(next_pow2(Dv), 32)
+    return min(max(next_pow2(Dv), 16), 32)
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused"):
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused",
+           flush_warps=None):
     """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
 
     Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
     the cursor (pool.advance does).
     stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
     chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
-    read copy does not size the flush path's registers. method: "fused" (one launch for all rows) or
+    read copy does not size the flush path's registers. flush_warps: warps of the split decode's flush
+    launch (default 4: the fold's tensor-core dot and a whole-row chunk want several warps). method: "fused" (one launch for all rows) or
     "split" (non-flush rows: the k-head's record products once in a small kernel, then the state
     pass; flush rows: the fused kernel restricted to them)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
@@ -466,7 +469,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     BV = _block_v(Dv, B, H, block_v)
     nw = num_warps or default_warps(B, H)
     if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
-        BV = next_pow2(lv.Dv)
+        BV = max(16, next_pow2(lv.Dv))
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
     check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
@@ -480,6 +483,9 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_g, prep,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR,
             RC=lv.rc_mode, ACC=rnw >= 4, NS=check_stages(stages), num_warps=rnw)
+    fbk = check_flush_block_k(flush_block_k, Dk)
+    if method == "split":  # this launch only does the flush rows' work: sized for the fold
+        nw = flush_launch_warps(flush_warps, nw)
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
@@ -487,7 +493,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, ACC=nw >= 4, FBKC=check_flush_block_k(flush_block_k, Dk),
+                             INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
                              NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 

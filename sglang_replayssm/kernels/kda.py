@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .common import (FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
-                     check_tensor, chunk_k, default_warps, delta_solve, draft_chunk,
+                     check_tensor, flush_launch_warps, chunk_k, default_warps, delta_solve, draft_chunk,
                      draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
                      output_tensor, read_copy_scales, ring_program, softplus, store_draft_d,
                      store_state_chunk)
@@ -47,12 +47,13 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, m
                     SHARED: tl.constexpr, HAS_CUR: tl.constexpr, INTERPRET: tl.constexpr):
     """S_new = (S0 Diag(exp G) + Dr^T (K_r W)) Diag(alpha) + dcur k^T into ckpt (+ read copy: fp8 with
     per-row scales, or NVFP4 whose per-head global scale needs the whole head here, BV >= Dv).
-    A quantized read copy takes a first pass for the row maxima."""
+    A quantized read copy needs the row maxima first: a first pass, unless whole rows are one chunk."""
     rows = head_rows + o_v
     amax = tl.zeros([BV], dtype=tl.float32)
     sc = amax
     gs = 1.0
-    for p in tl.static_range(2 if RC != 0 else 1):
+    ONE_PASS: tl.constexpr = RC == 0 or BKC == K
+    for p in tl.static_range(1 if ONE_PASS else 2):
         if p == 1 or RC == 0:
             sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
         for c in range(K // BKC):
@@ -63,7 +64,12 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, m
             S = (S0 * gam[None, :] + tl.dot(tl.trans(Dr), KW, input_precision=FOLD_PREC)) * al[None, :]
             if HAS_CUR:
                 S = S + dcur[:, None] * (tl.load(k_row + o_kc).to(tl.float32) * rk)[None, :]
-            if RC != 0 and p == 0:
+            if RC != 0 and ONE_PASS:  # the whole rows: scales from this chunk, then store
+                amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
+                sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
+                store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
+                                  idx_base, K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
+            elif RC != 0 and p == 0:
                 amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
             else:
                 store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
@@ -380,7 +386,8 @@ def _block_v(Dv, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused"):
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused",
+           flush_warps=None):
     """One KDA decode step of a batch, in place on the pool (record at cursor; flush rows fold).
     Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype.
     method: "fused" (one launch for all rows) or "split" (non-flush rows: the per-(row, head) record
@@ -388,7 +395,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     restricted to them).
     stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
     chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
-    read copy does not size the flush path's registers."""
+    read copy does not size the flush path's registers. flush_warps: warps of the split decode's flush
+    launch (default 4: the fold's tensor-core dot and a whole-row chunk want several warps)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -418,13 +426,16 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             v, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R,
             WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode, NS=check_stages(stages),
             num_warps=rnw)
+    fbk = check_flush_block_k(flush_block_k, Dk)
+    if method == "split":  # this launch only does the flush rows' work: sized for the fold
+        nw = flush_launch_warps(flush_warps, nw)
     grid = (triton.cdiv(Dv, BV), H, B)
     _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, FBKC=check_flush_block_k(flush_block_k, Dk),
+                             INTERPRET=INTERPRET, FBKC=fbk,
                              NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 

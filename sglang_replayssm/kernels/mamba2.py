@@ -12,6 +12,7 @@ import triton.language as tl
 
 from . import common
 from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+                     flush_launch_warps,
                      chunk_k, default_warps, draft_structure, fold_store, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
                      ring_program, softplus, state_tile)
@@ -90,7 +91,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
         fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                    recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                    a, u, B_row, 1.0, seed, stream, idx_base,
-                   G * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, RC, CKPT_SR, SHARED, True, INTERPRET)
+                   G * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
     if i_v == 0:
@@ -248,16 +249,18 @@ def _block_v(P, block_v):
     if block_v is not None:
         check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
         return block_v
-    return min(next_pow2(P), 32)
+    return min(max(next_pow2(P), 16), 32)
 
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
-           block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused"):
+           block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused",
+           flush_warps=None):
     """One Mamba-2 decode step of a batch, in place on the pool (record at cursor; flush rows
     fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype.
     stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
     chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
-    read copy does not size the flush path's registers. method: "fused" (one launch for all rows)
+    read copy does not size the flush path's registers. flush_warps: warps of the split decode's flush
+    launch (default 4: the fold's tensor-core dot and a whole-row chunk want several warps). method: "fused" (one launch for all rows)
     or "split" (non-flush rows: the group's record products once in a small kernel, then the state
     pass; flush rows: the fused kernel restricted to them)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
@@ -273,7 +276,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     BV = _block_v(P, block_v)
     nw = num_warps or default_warps(Bn, H)
     if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
-        BV = next_pow2(lv.Dv)
+        BV = max(16, next_pow2(lv.Dv))
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
     check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
@@ -288,6 +291,9 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
             lv.rec_d, lv.rec_g, prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
             BKC=block_k or chunk_k(N), BR=BR, RC=lv.rc_mode, HAS_Z=z is not None, ACC=rnw >= 4,
             NS=check_stages(stages), num_warps=rnw)
+    fbk = check_flush_block_k(flush_block_k, N)
+    if method == "split":  # this launch only does the flush rows' work: sized for the fold
+        nw = flush_launch_warps(flush_warps, nw)
     grid = (triton.cdiv(P, BV), H, Bn)
     _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
                             lv.cursor, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
@@ -295,7 +301,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
                             BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
-                            INTERPRET=INTERPRET, ACC=nw >= 4, FBKC=check_flush_block_k(flush_block_k, N),
+                            INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
                             NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 

@@ -199,5 +199,8 @@ def test_wrapper_errors():
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, stages=1)
     with pytest.raises(ValueError, match="flush_block_k must be None or a power of 2 >= 16 dividing"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, flush_block_k=24)
+    with pytest.raises(ValueError, match="flush_warps must be None or a power of 2 in 1..16, got 3"):
+        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, method="split",
+                    flush_warps=3)
     with pytest.raises(ValueError, match="verify"):
         kgdn.verify(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)
