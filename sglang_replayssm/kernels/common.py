@@ -491,14 +491,39 @@ def ring_program(slots_ptr, cursor_ptr, H: tl.constexpr, HK: tl.constexpr, V: tl
     """Coordinates of a (value block, head, row) program of a decode / verify launch: its value rows
     o_v (mask_v), the row's slot and ring cursor, the committed records 0..cur-1 (o_r, mask_r), and
     the k-head (group) i_hk of value head i_h."""
+    return ring_row(slots_ptr, cursor_ptr, tl.program_id(2), H, HK, V, BV, BR)
+
+
+@triton.jit
+def ring_row(slots_ptr, cursor_ptr, i_b, H: tl.constexpr, HK: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+             BR: tl.constexpr):
+    """ring_program for batch row i_b (value block program_id(0), head program_id(1))."""
     i_v = tl.program_id(0)
     i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
     o_v = i_v * BV + tl.arange(0, BV)
     o_r = tl.arange(0, BR)
     return i_v, i_h, i_b, i_h // (H // HK), slot, cur, o_v, o_v < V, o_r, o_r < cur
+
+
+@triton.jit
+def list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW: tl.constexpr):
+    """Split decode: append row i_b to the flush-row list if its record fills the window (called
+    by one prep program per row); returns whether it does."""
+    is_flush = cur + 1 >= WINDOW
+    if is_flush:
+        tl.store(frows_ptr + tl.atomic_add(nflush_ptr, 1), i_b)
+    return is_flush
+
+
+def flush_list(B: int, window: int, device):
+    """Buffers of the split decode's flush-row list (rows, count = 0) and the flush launch's row
+    programs NFP: twice the rows that flush per step in steady state (B / window), so a step with
+    more flush rows than usual still runs in one wave; each program takes every NFP-th listed row,
+    so any count is handled (all B rows flushing at once takes B / NFP rounds)."""
+    nfp = min(B, max(1, 2 * triton.cdiv(B, window)))
+    return torch.empty(B, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device), nfp
 
 
 @triton.jit

@@ -13,12 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (flush_list, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_store, gram_update, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
-                     ring_program, softplus, state_tile, store_draft_d)
+                     list_flush_row, ring_program, ring_row, softplus, state_tile, store_draft_d)
 from . import common
 
 L2_EPS = 1e-6
@@ -46,25 +46,17 @@ def _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
     return rq, rk, kq, g, tl.sigmoid(bv)
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
-                       slots_ptr, cursor_ptr, folded_ptr,
-                       ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                       scale, seed, layer,
-                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                       ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
-                       FLUSH_ONLY: tl.constexpr = False):
-    """All rows of a decode step (FLUSH_ONLY: only the rows whose record fills the window; the split
-    decode runs the others through _gdn_decode_prep_kernel + _gdn_decode_read_kernel)."""
-    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
-        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
+@triton.jit
+def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
+                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
+                    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                    CKPT_SR: tl.constexpr, SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
+                    ACC: tl.constexpr, FBKC: tl.constexpr, NS: tl.constexpr):
+    """The body of _gdn_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
+        slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    if FLUSH_ONLY:
-        if not is_flush:
-            return
     q_row = q_ptr + (i_b * HK + i_hk) * K
     k_row = k_ptr + (i_b * HK + i_hk) * K
     rq, rk, kq, g, beta = _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
@@ -107,8 +99,32 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
             tl.store(reck_base + cur * (HK * K) + o_k, kf.to(reck_ptr.dtype.element_ty))
 
 
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
+                       folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
+                       recg_ptr, scale, seed, layer, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
+                       EPS: tl.constexpr, INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0,
+                       NS: tl.constexpr = None, NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+    """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
+    nflush rows that the split decode's prep kernel listed in frows, program_id(2) taking every NFP-th
+    (the split decode runs the other rows through _gdn_decode_prep_kernel + _gdn_decode_read_kernel)."""
+    if FLUSH_ONLY:
+        for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
+            _gdn_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
+                            slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
+                            reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, RC,
+                            CKPT_SR, SHARED, EPS, INTERPRET, ACC, FBKC, NS)
+    else:
+        _gdn_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
+                        cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                        scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED, EPS,
+                        INTERPRET, ACC, FBKC, NS)
+
+
 @triton.jit
-def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, scale,
+def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, frows_ptr, nflush_ptr, scale,
                             HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
                             BR: tl.constexpr, EPS: tl.constexpr):
     """Split decode, stage 1, one program per (row, k-head) of a non-flush row: the q/k normalisers,
@@ -118,6 +134,8 @@ def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_
     i_b = tl.program_id(1)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
+    if i_hk == 0:
+        list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW)
     if cur + 1 >= WINDOW:
         return
     q_row = q_ptr + (i_b * HK + i_hk) * K
@@ -476,8 +494,9 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     BR = max(16, next_pow2(lv.window))
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
-        _gdn_decode_prep_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, prep, scale, HK=Hk, K=Dk, R=lv.R,
-                                         WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
+        frows, nflush, nfp = flush_list(B, lv.window, lv.device)
+        _gdn_decode_prep_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, prep, frows, nflush, scale, HK=Hk, K=Dk,
+                                         R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
         rbv, rnw = _block_v(Dv, B, H, block_v), num_warps or default_warps(B, H)
         _gdn_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
             q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_g, prep,
@@ -486,15 +505,17 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     fbk = check_flush_block_k(flush_block_k, Dk)
     if method == "split":  # this launch only does the flush rows' work: sized for the fold
         nw = flush_launch_warps(flush_warps, nw)
-    grid = (triton.cdiv(Dv, BV), H, B)
-    _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
+    else:
+        frows, nflush, nfp = slots, slots, 1
+    grid = (triton.cdiv(Dv, BV), H, nfp if method == "split" else B)
+    _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
                              scale, lv.seed, lv.layer,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
                              INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
-                             NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
+                             NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 
 

@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
+from .common import (flush_list, FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
                      check_tensor, flush_launch_warps, chunk_k, default_warps, delta_solve, draft_chunk,
                      draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
-                     output_tensor, read_copy_scales, ring_program, softplus, store_draft_d,
+                     output_tensor, read_copy_scales, list_flush_row, ring_program, ring_row, softplus, store_draft_d,
                      store_state_chunk)
 from . import common
 
@@ -76,24 +76,17 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, m
                                   idx_base, K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
-                       slots_ptr, cursor_ptr, folded_ptr,
-                       ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                       scale, seed, layer,
-                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-                       SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                       FBKC: tl.constexpr = 0, NS: tl.constexpr = None, FLUSH_ONLY: tl.constexpr = False):
-    """All rows of a decode step (FLUSH_ONLY: only the rows whose record fills the window; the
-    split decode runs the others through _kda_decode_prep_kernel + _kda_decode_read_kernel)."""
-    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
-        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
+@triton.jit
+def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
+                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
+                    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                    CKPT_SR: tl.constexpr, SHARED: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
+                    FBKC: tl.constexpr, NS: tl.constexpr):
+    """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
+        slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    if FLUSH_ONLY:
-        if not is_flush:
-            return
     q_row = q_ptr + (i_b * HK + i_hk) * K
     k_row = k_ptr + (i_b * HK + i_hk) * K
     a_row = a_ptr + (i_b * H + i_h) * K
@@ -151,9 +144,33 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
             tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
 
 
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
+                       folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
+                       recg_ptr, scale, seed, layer, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                       BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
+                       EPS: tl.constexpr, INTERPRET: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
+                       NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+    """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
+    nflush rows that the split decode's prep kernel listed in frows, program_id(2) taking every NFP-th
+    (the split decode runs the other rows through _kda_decode_prep_kernel + _kda_decode_read_kernel)."""
+    if FLUSH_ONLY:
+        for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
+            _kda_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
+                            slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
+                            reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, RC,
+                            CKPT_SR, SHARED, EPS, INTERPRET, FBKC, NS)
+    else:
+        _kda_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
+                        cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                        scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED, EPS,
+                        INTERPRET, FBKC, NS)
+
+
 @triton.jit
 def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
-                            prep_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+                            prep_ptr, frows_ptr, nflush_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                             WINDOW: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
     """Split decode, stage 1, one program per (row, head) of a non-flush row: everything that does
     not involve the state or the value rows, once instead of in every value block. With G the
@@ -166,6 +183,8 @@ def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots
     i_hk = i_h // (H // HK)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
+    if i_h == 0:
+        list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW)
     if cur + 1 >= WINDOW:
         return
     o_r = tl.arange(0, BR)
@@ -418,7 +437,9 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     BR = max(16, next_pow2(lv.window))
     if method == "split":
         prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
-        _kda_decode_prep_kernel[(H, B)](q, k, a, b, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, prep, scale,
+        frows, nflush, nfp = flush_list(B, lv.window, lv.device)
+        _kda_decode_prep_kernel[(H, B)](q, k, a, b, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, prep, frows,
+                                        nflush, scale,
                                         H=H, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
         rbv = _block_v(Dv, block_v)
         rnw = num_warps or default_warps(B, H)
@@ -429,14 +450,16 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     fbk = check_flush_block_k(flush_block_k, Dk)
     if method == "split":  # this launch only does the flush rows' work: sized for the fold
         nw = flush_launch_warps(flush_warps, nw)
-    grid = (triton.cdiv(Dv, BV), H, B)
-    _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded,
+    else:
+        frows, nflush, nfp = slots, slots, 1
+    grid = (triton.cdiv(Dv, BV), H, nfp if method == "split" else B)
+    _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                              BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode,
                              CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
                              INTERPRET=INTERPRET, FBKC=fbk,
-                             NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
+                             NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 
 

@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (flush_list, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, draft_structure, fold_store, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
-                     ring_program, softplus, state_tile)
+                     list_flush_row, ring_program, ring_row, softplus, state_tile)
 
 
 @triton.jit
@@ -40,25 +40,17 @@ def _m2_finish(y, xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H: tl.constexpr, V: tl.c
     return y
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
-                      slots_ptr, cursor_ptr, folded_ptr,
-                      ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                      seed, layer,
-                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                      BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-                      SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
-                      ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
-                      FLUSH_ONLY: tl.constexpr = False):
-    """All rows of a decode step (FLUSH_ONLY: only the rows whose record fills the window; the split
-    decode runs the others through _m2_decode_prep_kernel + _m2_decode_read_kernel)."""
-    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
-        slots_ptr, cursor_ptr, H, G, V, BV, BR)
+@triton.jit
+def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
+                   folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, seed, layer,
+                   H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                   WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                   CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
+                   ACC: tl.constexpr, FBKC: tl.constexpr, NS: tl.constexpr):
+    """The body of _m2_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
+    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
+        slots_ptr, cursor_ptr, i_b, H, G, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    if FLUSH_ONLY:
-        if not is_flush:
-            return
     B_row = B_ptr + (i_b * G + i_g) * K
     C_row = C_ptr + (i_b * G + i_g) * K
     o_k = tl.arange(0, K)
@@ -100,8 +92,33 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
             tl.store(reck_base + cur * (G * K) + o_k, tl.load(B_row + o_k).to(reck_ptr.dtype.element_ty))
 
 
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
+                      folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
+                      recg_ptr, seed, layer, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                      RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_Z: tl.constexpr,
+                      INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
+                      NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+    """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
+    nflush rows that the split decode's prep kernel listed in frows, program_id(2) taking every NFP-th
+    (the split decode runs the other rows through _m2_decode_prep_kernel + _m2_decode_read_kernel)."""
+    if FLUSH_ONLY:
+        for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
+            _m2_decode_row(tl.load(frows_ptr + j), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
+                           out_ptr, slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
+                           reck_ptr, recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED,
+                           HAS_Z, INTERPRET, ACC, FBKC, NS)
+    else:
+        _m2_decode_row(tl.program_id(2), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
+                       slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
+                       recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED, HAS_Z,
+                       INTERPRET, ACC, FBKC, NS)
+
+
 @triton.jit
-def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, G: tl.constexpr, K: tl.constexpr,
+def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, frows_ptr, nflush_ptr,
+                           G: tl.constexpr, K: tl.constexpr,
                            R: tl.constexpr, WINDOW: tl.constexpr, BR: tl.constexpr):
     """Split decode, stage 1, one program per (row, group) of a non-flush row: B.C and the committed
     keys' products K_r C, shared by the group's heads and value blocks -> prep row [K_r C (BR) | B.C];
@@ -110,6 +127,8 @@ def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_p
     i_b = tl.program_id(1)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
+    if i_g == 0:
+        list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW)
     if cur + 1 >= WINDOW:
         return
     B_row = B_ptr + (i_b * G + i_g) * K
@@ -283,7 +302,9 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     BR = max(16, next_pow2(lv.window))
     if method == "split":
         prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
-        _m2_decode_prep_kernel[(G, Bn)](B, C, slots, lv.cursor, lv.rec_k, prep, G=G, K=N, R=lv.R, WINDOW=lv.window,
+        frows, nflush, nfp = flush_list(Bn, lv.window, lv.device)
+        _m2_decode_prep_kernel[(G, Bn)](B, C, slots, lv.cursor, lv.rec_k, prep, frows, nflush, G=G, K=N, R=lv.R,
+                                        WINDOW=lv.window,
                                         BR=BR, num_warps=4)
         rbv, rnw = _block_v(P, block_v), num_warps or default_warps(Bn, H)
         _m2_decode_read_kernel[(triton.cdiv(P, rbv), H, Bn)](
@@ -294,15 +315,17 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     fbk = check_flush_block_k(flush_block_k, N)
     if method == "split":  # this launch only does the flush rows' work: sized for the fold
         nw = flush_launch_warps(flush_warps, nw)
-    grid = (triton.cdiv(P, BV), H, Bn)
+    else:
+        frows, nflush, nfp = slots, slots, 1
+    grid = (triton.cdiv(P, BV), H, nfp if method == "split" else Bn)
     _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
-                            lv.cursor, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
+                            lv.cursor, lv.folded, frows, nflush, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
                             lv.rec_g, lv.seed, lv.layer,
                             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
                             BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
                             INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
-                            NS=check_stages(stages), FLUSH_ONLY=method == "split", num_warps=nw)
+                            NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     return out
 
 

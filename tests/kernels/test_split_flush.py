@@ -1,0 +1,49 @@
+"""The split decode's flush launch runs over the flush-row list its prep kernel builds, with fewer row
+programs than rows (common.flush_list): a step where every row flushes at once (more flush rows than
+row programs, so each program takes several) must still match the reference, for every family."""
+import pytest
+import torch
+
+from sglang_replayssm.kernels import common, gdn as kgdn, kda as kkda, mamba2 as km2
+from sglang_replayssm.reference import gdn as rgdn, kda as rkda, mamba2 as rm2
+
+from . import test_gdn, test_kda, test_mamba2
+from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
+from .test_gdn import compare_pools
+
+
+def _step_inputs(family, g, pool, B):
+    H, Dv, Dk = pool.geo.state_shape
+    Hk = pool.geo.num_k_heads
+    if family == "gdn":
+        return test_gdn.inputs(g, B, H, Hk, Dv, Dk), test_gdn.params(g, H)
+    if family == "mamba2":
+        return test_mamba2.inputs(g, B, H, Hk, Dv, Dk), test_mamba2.params(g, H)
+    return test_kda.inputs(g, B, H, Hk, Dv, Dk), test_kda.params(g, H, Dk)
+
+
+@pytest.mark.parametrize("family,read_copy", [("gdn", "fp8"), ("mamba2", "none"), ("kda", "fp8")])
+def test_every_row_flushing_at_once(family, read_copy):
+    kmod, rmod = {"gdn": (kgdn, rgdn), "mamba2": (km2, rm2), "kda": (kkda, rkda)}[family]
+    g = torch.Generator().manual_seed(7)
+    window = 8
+    pk = make_pool(family, window=window, num_slots=7, read_copy=read_copy, gen=g)
+    B = 6
+    slots = torch.tensor([3, 6, 1, 7, 2, 5], dtype=torch.int32, device=DEV)  # slot 4 untouched
+    _rows, _count, nfp = common.flush_list(B, window, DEV)
+    assert nfp < B  # the flush launch has fewer row programs than flush rows: each takes several
+    pk.cursor[slots.long()] = window - 1  # every row's record fills the window this step
+    pr = clone_pool(pk)
+    before = snapshot(pk)
+    x, par = _step_inputs(family, g, pk, B)
+    ok = kmod.decode(pk, 0, slots, **x, **par, method="split")
+    orf = rmod.decode(pr, 0, slots, **x, **par)
+    close(ok, orf)
+    compare_pools(pk, pr, 0, read_copy, "fp32")
+    assert_untouched(before, pk, slots.tolist())
+    # the next step: no row flushes (cursor 0 after the advance), the flush launch has nothing to do
+    pk.advance(slots)
+    pr.advance(slots)
+    x, par = _step_inputs(family, g, pk, B)
+    close(kmod.decode(pk, 0, slots, **x, **par, method="split"), rmod.decode(pr, 0, slots, **x, **par))
+    compare_pools(pk, pr, 0, read_copy, "fp32")
