@@ -215,11 +215,6 @@ def cases(geos, batch, quick=False):
             if label in ("fp32", "fp8"):
                 yield name, f"decode {label} split bv32 bk32 w2", lambda mod=mod, pool=pool, inp=inp: \
                     mod.decode(pool, 0, slots, **inp, block_v=32, block_k=32, num_warps=2, method="split")
-            if label in ("fp32", "fp8", "fp16-sr") and geo["family"] == "gdn":
-                for bv, nw in ((32, 4),) if quick else ((32, 4), (32, 2), (64, 4), (16, 2)):
-                    yield name, f"decode {label} group bv{bv} w{nw}", \
-                        lambda mod=mod, pool=pool, inp=inp, bv=bv, nw=nw: \
-                        mod.decode(pool, 0, slots, **inp, block_v=bv, num_warps=nw, method="group")
             counts = torch.full((batch,), 3, dtype=torch.int32)
             yield name, f"fold {label}", lambda mod=mod, pool=pool, counts=counts: mod.fold(pool, 0, slots, counts)
         pool = make_pool(geo, nslots=batch)

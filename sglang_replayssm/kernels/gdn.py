@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (FOLD_PREC, flush_list, read_copy_scales, store_state_chunk, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (flush_list, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_store, gram_update, LayerViews, load_records,
@@ -187,136 +187,6 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
-
-
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _gdn_decode_group_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
-                             folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                             recg_ptr, scale, seed, layer,
-                             H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                             WINDOW: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, TPP: tl.constexpr,
-                             RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, EPS: tl.constexpr,
-                             INTERPRET: tl.constexpr, NS: tl.constexpr = None, NFP: tl.constexpr = 1,
-                             FLUSH: tl.constexpr = False):
-    """The "group" decode: one program per (row, TPP consecutive [BV, K] state tiles of one k-head
-    group's value heads) does the group's shared work (q/k norms, k.q, the committed keys K_r and
-    their products with q and k) once, then walks its tiles, each loaded whole.
-    FLUSH False (grid (HK * tiles per group / TPP, B)): the rows that do not flush, reading the read copy (or the
-    checkpoint), software-pipelined (NS stages); a flush row is appended to the list frows (nflush)
-    and left to the FLUSH launch. FLUSH True (grid (.., NFP), after it): the listed rows, each
-    program taking every NFP-th: the fp32 checkpoint tile in, the output, then the tile folded in
-    registers (alpha (gamma S0 + (w D_r)^T K_r) + d k^T, one tensor-core dot) and written once
-    (+ read copy)."""
-    if FLUSH:
-        for j in range(tl.program_id(1), tl.load(nflush_ptr), NFP):
-            _gdn_group_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
-                           slots_ptr, cursor_ptr, folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr,
-                           rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV,
-                           BR, TPP, RC, CKPT_SR, SHARED, EPS, INTERPRET, NS, True)
-    else:
-        _gdn_group_row(tl.program_id(1), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
-                       cursor_ptr, folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
-                       reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BR, TPP, RC, CKPT_SR,
-                       SHARED, EPS, INTERPRET, NS, False)
-
-
-@triton.jit
-def _gdn_group_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
-                   folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                   scale, seed, layer, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, TPP: tl.constexpr,
-                   RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, EPS: tl.constexpr,
-                   INTERPRET: tl.constexpr, NS: tl.constexpr, FLUSH: tl.constexpr):
-    """One row's part of _gdn_decode_group_kernel (tiles program_id(0) * TPP ..)."""
-    i_c = tl.program_id(0)
-    NVB: tl.constexpr = (V + BV - 1) // BV
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
-    if FLUSH:
-        live = True
-    else:
-        live = cur + 1 < WINDOW
-        if i_c == 0:
-            list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW)
-    if live:
-        i_hk = (i_c * TPP) // ((H // HK) * NVB)
-        o_k = tl.arange(0, K)
-        o_r = tl.arange(0, BR)
-        mask_r = o_r < cur
-        qf = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
-        kf = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
-        qn = qf * (scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS))
-        kn = kf * (1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS))
-        kq = tl.sum(qn * kn, axis=0)
-        reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_k[None, :], mask=mask_r[:, None],
-                     other=0.0).to(tl.float32)
-        krq = tl.sum(Kr * qn[None, :], axis=1)
-        krk = tl.sum(Kr * kn[None, :], axis=1)
-        if FLUSH:  # fp32 checkpoint in, folded state out (+ read copy)
-            stream = tl.load(folded_ptr + slot) + cur + 1
-            for t in range(i_c * TPP, i_c * TPP + TPP):
-                i_h = t // NVB
-                o_v = (t % NVB) * BV + tl.arange(0, BV)
-                mask_v = o_v < V
-                alpha, beta, g, Dr, w, gam, vv = _gdn_tile_inputs(v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, recd_ptr,
-                                                                  recg_ptr, i_b, i_h, slot, o_r, mask_r, o_v,
-                                                                  mask_v, H, V, R)
-                rows = (slot * H + i_h) * V + o_v
-                S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
-                                      o_k, mask_v, K, 0)
-                d = _gdn_tile_output(S0, qn, kn, krq, krk, kq, alpha, beta, gam, Dr, w, vv, out_ptr, recd_ptr,
-                                     i_b, i_h, slot, cur, o_v, mask_v, H, V, R)
-                S = alpha * (gam * S0 + tl.dot(tl.trans(Dr * w[:, None]), Kr, input_precision=FOLD_PREC))
-                S = S + d[:, None] * kn[None, :]
-                amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
-                sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, slot * H + i_h, RC)
-                store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_k, 0, mask_v, sc, gs, seed, stream,
-                                  (layer * H + i_h).to(tl.int64) * (V * K), K, K, BV, RC, CKPT_SR, SHARED,
-                                  INTERPRET)
-                if t % NVB == 0:
-                    tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
-        else:
-            for t in tl.range(i_c * TPP, i_c * TPP + TPP, num_stages=NS):
-                i_h = t // NVB
-                o_v = (t % NVB) * BV + tl.arange(0, BV)
-                mask_v = o_v < V
-                alpha, beta, g, Dr, w, gam, vv = _gdn_tile_inputs(v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, recd_ptr,
-                                                                  recg_ptr, i_b, i_h, slot, o_r, mask_r, o_v,
-                                                                  mask_v, H, V, R)
-                S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
-                                      o_k, mask_v, K, RC)
-                _gdn_tile_output(S0, qn, kn, krq, krk, kq, alpha, beta, gam, Dr, w, vv, out_ptr, recd_ptr,
-                                      i_b, i_h, slot, cur, o_v, mask_v, H, V, R)
-                if t % NVB == 0:
-                    tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
-        if (i_c * TPP) % ((H // HK) * NVB) == 0:  # the group's k record, once
-            tl.store(reck_base + cur * (HK * K) + o_k, kn.to(reck_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _gdn_tile_inputs(v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, recd_ptr, recg_ptr, i_b, i_h, slot, o_r, mask_r, o_v,
-                     mask_v, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr):
-    """Head i_h's gate (alpha, beta, g), its committed records (d rows o_v, weights, total decay)
-    and the token's v rows o_v."""
-    g = _gdn_gate(tl.load(a_ptr + i_b * H + i_h).to(tl.float32), alog_ptr, dtb_ptr, i_h)
-    beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
-    Dr, w, gam, _gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    return tl.exp(g), beta, g, Dr, w, gam, vv
-
-
-@triton.jit
-def _gdn_tile_output(S0, qn, kn, krq, krk, kq, alpha, beta, gam, Dr, w, vv, out_ptr, recd_ptr, i_b, i_h, slot, cur,
-                     o_v, mask_v, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr):
-    """From a [BV, K] tile S0 of the checkpoint: S q and S k of the state before the token (plus the
-    records' share), d = beta (v - S' k) and o = S' q + d k.q; stores o and the d record; returns d."""
-    sq = alpha * (gam * tl.sum(S0 * qn[None, :], axis=1) + tl.sum(Dr * (w * krq)[:, None], axis=0))
-    sk = alpha * (gam * tl.sum(S0 * kn[None, :], axis=1) + tl.sum(Dr * (w * krk)[:, None], axis=0))
-    d = beta * (vv - sk)
-    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, (sq + d * kq).to(out_ptr.dtype.element_ty), mask=mask_v)
-    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
-    return d
 
 
 @triton.jit
@@ -601,9 +471,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     read copy does not size the flush path's registers. flush_warps: warps of the split decode's flush
     launch (default 4: the fold's tensor-core dot and a whole-row chunk want several warps). method: "fused" (one launch for all rows) or
     "split" (non-flush rows: the k-head's record products once in a small kernel, then the state
-    pass; flush rows: the fused kernel restricted to them) or "group" (one program per (row, k-head
-    group) walking whole-row state tiles, flush rows folding each tile in registers; block_v: the
-    tile's rows, stages: its software pipelining; an NVFP4 read copy runs "fused")."""
+    pass; flush rows: the fused kernel restricted to them)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -622,23 +490,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         BV = max(16, next_pow2(lv.Dv))
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
-    check(method in ("fused", "split", "group"), f"method must be 'fused', 'split' or 'group', got {method!r}")
+    check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
     BR = max(16, next_pow2(lv.window))
-    if method == "group" and lv.rc_mode != common.RC_NVFP4:
-        gbv = _block_v(Dv, B, H, block_v)
-        tiles = (H // Hk) * triton.cdiv(Dv, gbv)  # of one k-head group
-        frows, nflush, nfp = flush_list(B, lv.window, lv.device)
-        # the read launch: a group's tiles per program; the flush launch: one tile per program (few rows)
-        for flush, tpp, rows in ((False, tiles, B), (True, 1, nfp)):
-            _gdn_decode_group_kernel[(Hk * tiles // tpp, rows)](
-                q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush, lv.ckpt, rc, rs, rgs,
-                lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R,
-                WINDOW=lv.window, BV=gbv, BR=BR, TPP=tpp, RC=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant,
-                EPS=L2_EPS, INTERPRET=INTERPRET, NS=check_stages(stages), NFP=nfp, FLUSH=flush,
-                num_warps=flush_launch_warps(flush_warps, 4) if flush else (num_warps or 4))
-        return out
-    if method == "group":  # NVFP4: its per-head global scale needs the whole folded head: the fused kernel
-        method = "fused"
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
         frows, nflush, nfp = flush_list(B, lv.window, lv.device)
