@@ -5,6 +5,7 @@ The interpreter switch (CPU machines) lives in the package ``__init__``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -508,22 +509,57 @@ def ring_row(slots_ptr, cursor_ptr, i_b, H: tl.constexpr, HK: tl.constexpr, V: t
 
 
 @triton.jit
-def list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW: tl.constexpr):
-    """Split decode: append row i_b to the flush-row list if its record fills the window (called
-    by one prep program per row); returns whether it does."""
-    is_flush = cur + 1 >= WINDOW
-    if is_flush:
-        tl.store(frows_ptr + tl.atomic_add(nflush_ptr, 1), i_b)
-    return is_flush
+def _flush_list_kernel(slots_ptr, cursor_ptr, frows_ptr, nflush_ptr, B, WINDOW: tl.constexpr, BLOCK: tl.constexpr):
+    """The batch rows whose record fills the window this step, in row order, and their count."""
+    o = tl.arange(0, BLOCK)
+    m = o < B
+    slot = tl.load(slots_ptr + o, mask=m, other=0)
+    flush = m & (tl.load(cursor_ptr + slot, mask=m, other=0) + 1 >= WINDOW)
+    fi = flush.to(tl.int32)
+    tl.store(frows_ptr + tl.cumsum(fi, axis=0) - 1, o, mask=flush)
+    tl.store(nflush_ptr, tl.sum(fi, axis=0))
 
 
-def flush_list(B: int, window: int, device):
-    """Buffers of the split decode's flush-row list (rows, count = 0) and the flush launch's row
-    programs NFP: twice the rows that flush per step in steady state (B / window), so a step with
-    more flush rows than usual still runs in one wave; each program takes every NFP-th listed row,
-    so any count is handled (all B rows flushing at once takes B / NFP rounds)."""
-    nfp = min(B, max(1, 2 * triton.cdiv(B, window)))
-    return torch.empty(B, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device), nfp
+def flush_list(slots, cursor, window: int):
+    """The split decode's flush-row list, built on the device (no host sync): (rows [B] int32, count
+    [1] int32, NFP). NFP, the flush launch's row programs, is twice the rows that flush per step in
+    steady state (B / window) so a step with more flush rows than usual still runs in one wave; each
+    program takes every NFP-th listed row, so any count is handled (all B rows at once: B / NFP rounds)."""
+    B = int(slots.shape[0])
+    rows = torch.empty(B, dtype=torch.int32, device=slots.device)
+    count = torch.empty(1, dtype=torch.int32, device=slots.device)
+    _flush_list_kernel[(1,)](slots, cursor, rows, count, B, WINDOW=window, BLOCK=next_pow2(B),
+                             num_warps=4 if B <= 1024 else 8)
+    return rows, count, min(B, max(1, 2 * triton.cdiv(B, window)))
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def side_stream(device):
+    """A second stream of `device` forked from the current one (it waits for the work queued so far),
+    so that a launch queued on it runs concurrently with the next launches on the current stream
+    (captured into a CUDA graph as a parallel branch); join_stream waits for it. None on CPU, and
+    while a graph is being captured before the stream exists (it is created on an eager call)."""
+    if device.type != "cuda":
+        return None
+    s = _SIDE_STREAMS.get(device.index)
+    if s is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        s = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    return s
+
+
+def join_stream(s) -> None:
+    if s is not None:
+        torch.cuda.current_stream(s.device).wait_stream(s)
+
+
+def on_stream(s):
+    """torch.cuda.stream(s), or nothing for s None."""
+    return torch.cuda.stream(s) if s is not None else contextlib.nullcontext()
 
 
 @triton.jit

@@ -13,12 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (flush_list, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (flush_list, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_store, gram_update, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
-                     list_flush_row, ring_program, ring_row, softplus, state_tile, store_draft_d)
+                     ring_program, ring_row, softplus, state_tile, store_draft_d)
 from . import common
 
 L2_EPS = 1e-6
@@ -108,7 +108,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        EPS: tl.constexpr, INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0,
                        NS: tl.constexpr = None, NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode's prep kernel listed in frows, program_id(2) taking every NFP-th
+    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every NFP-th
     (the split decode runs the other rows through _gdn_decode_prep_kernel + _gdn_decode_read_kernel)."""
     if FLUSH_ONLY:
         for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
@@ -124,7 +124,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
 
 
 @triton.jit
-def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, frows_ptr, nflush_ptr, scale,
+def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, scale,
                             HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
                             BR: tl.constexpr, EPS: tl.constexpr):
     """Split decode, stage 1, one program per (row, k-head) of a non-flush row: the q/k normalisers,
@@ -134,8 +134,6 @@ def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_
     i_b = tl.program_id(1)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
-    if i_hk == 0:
-        list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW)
     if cur + 1 >= WINDOW:
         return
     q_row = q_ptr + (i_b * HK + i_hk) * K
@@ -492,30 +490,34 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     rc, rs, rgs = lv.rc_args()
     check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
     BR = max(16, next_pow2(lv.window))
+    fbk = check_flush_block_k(flush_block_k, Dk)
+    side = None
+    if method == "split":  # this launch only does the flush rows' work (sized for the fold), beside the others
+        frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
+        nw = flush_launch_warps(flush_warps, nw)
+        side = side_stream(lv.device)
+    else:
+        frows, nflush, nfp = slots, slots, 1
+    with on_stream(side):
+        grid = (triton.cdiv(Dv, BV), H, nfp if method == "split" else B)
+        _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
+                                 lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
+                                 scale, lv.seed, lv.layer,
+                                 H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
+                                 BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                                 CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
+                                 INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
+                                 NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
-        frows, nflush, nfp = flush_list(B, lv.window, lv.device)
-        _gdn_decode_prep_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, prep, frows, nflush, scale, HK=Hk, K=Dk,
+        _gdn_decode_prep_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, prep, scale, HK=Hk, K=Dk,
                                          R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
         rbv, rnw = _block_v(Dv, B, H, block_v), num_warps or default_warps(B, H)
         _gdn_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
             q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_g, prep,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR,
             RC=lv.rc_mode, ACC=rnw >= 4, NS=check_stages(stages), num_warps=rnw)
-    fbk = check_flush_block_k(flush_block_k, Dk)
-    if method == "split":  # this launch only does the flush rows' work: sized for the fold
-        nw = flush_launch_warps(flush_warps, nw)
-    else:
-        frows, nflush, nfp = slots, slots, 1
-    grid = (triton.cdiv(Dv, BV), H, nfp if method == "split" else B)
-    _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
-                             lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
-                             scale, lv.seed, lv.layer,
-                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
-                             BKC=block_k or chunk_k(Dk), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
-                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
-                             NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
+    join_stream(side)
     return out
 
 

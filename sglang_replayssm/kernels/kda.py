@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (flush_list, FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
+from .common import (flush_list, join_stream, on_stream, side_stream, FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
                      check_tensor, flush_launch_warps, chunk_k, default_warps, delta_solve, draft_chunk,
                      draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
-                     output_tensor, read_copy_scales, list_flush_row, ring_program, ring_row, softplus, store_draft_d,
+                     output_tensor, read_copy_scales, ring_program, ring_row, softplus, store_draft_d,
                      store_state_chunk)
 from . import common
 
@@ -153,7 +153,7 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        EPS: tl.constexpr, INTERPRET: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
                        NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode's prep kernel listed in frows, program_id(2) taking every NFP-th
+    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every NFP-th
     (the split decode runs the other rows through _kda_decode_prep_kernel + _kda_decode_read_kernel)."""
     if FLUSH_ONLY:
         for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
@@ -170,7 +170,7 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
 
 @triton.jit
 def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
-                            prep_ptr, frows_ptr, nflush_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+                            prep_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
                             WINDOW: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
     """Split decode, stage 1, one program per (row, head) of a non-flush row: everything that does
     not involve the state or the value rows, once instead of in every value block. With G the
@@ -183,8 +183,6 @@ def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots
     i_hk = i_h // (H // HK)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
-    if i_h == 0:
-        list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW)
     if cur + 1 >= WINDOW:
         return
     o_r = tl.arange(0, BR)
@@ -435,11 +433,26 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     rc, rs, rgs = lv.rc_args()
     check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
     BR = max(16, next_pow2(lv.window))
+    fbk = check_flush_block_k(flush_block_k, Dk)
+    side = None
+    if method == "split":  # this launch only does the flush rows' work (sized for the fold), beside the others
+        frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
+        nw = flush_launch_warps(flush_warps, nw)
+        side = side_stream(lv.device)
+    else:
+        frows, nflush, nfp = slots, slots, 1
+    with on_stream(side):
+        grid = (triton.cdiv(Dv, BV), H, nfp if method == "split" else B)
+        _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
+                                 lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
+                                 H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
+                                 BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode,
+                                 CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
+                                 INTERPRET=INTERPRET, FBKC=fbk,
+                                 NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
-        frows, nflush, nfp = flush_list(B, lv.window, lv.device)
-        _kda_decode_prep_kernel[(H, B)](q, k, a, b, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, prep, frows,
-                                        nflush, scale,
+        _kda_decode_prep_kernel[(H, B)](q, k, a, b, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, prep, scale,
                                         H=H, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
         rbv = _block_v(Dv, block_v)
         rnw = num_warps or default_warps(B, H)
@@ -447,19 +460,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             v, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R,
             WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode, NS=check_stages(stages),
             num_warps=rnw)
-    fbk = check_flush_block_k(flush_block_k, Dk)
-    if method == "split":  # this launch only does the flush rows' work: sized for the fold
-        nw = flush_launch_warps(flush_warps, nw)
-    else:
-        frows, nflush, nfp = slots, slots, 1
-    grid = (triton.cdiv(Dv, BV), H, nfp if method == "split" else B)
-    _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
-                             lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
-                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
-                             BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode,
-                             CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,
-                             INTERPRET=INTERPRET, FBKC=fbk,
-                             NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
+    join_stream(side)
     return out
 
 

@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (flush_list, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (flush_list, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, draft_structure, fold_store, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
-                     list_flush_row, ring_program, ring_row, softplus, state_tile)
+                     ring_program, ring_row, softplus, state_tile)
 
 
 @triton.jit
@@ -101,7 +101,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
                       NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode's prep kernel listed in frows, program_id(2) taking every NFP-th
+    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every NFP-th
     (the split decode runs the other rows through _m2_decode_prep_kernel + _m2_decode_read_kernel)."""
     if FLUSH_ONLY:
         for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
@@ -117,8 +117,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
 
 
 @triton.jit
-def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, frows_ptr, nflush_ptr,
-                           G: tl.constexpr, K: tl.constexpr,
+def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, G: tl.constexpr, K: tl.constexpr,
                            R: tl.constexpr, WINDOW: tl.constexpr, BR: tl.constexpr):
     """Split decode, stage 1, one program per (row, group) of a non-flush row: B.C and the committed
     keys' products K_r C, shared by the group's heads and value blocks -> prep row [K_r C (BR) | B.C];
@@ -127,8 +126,6 @@ def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_p
     i_b = tl.program_id(1)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
-    if i_g == 0:
-        list_flush_row(frows_ptr, nflush_ptr, i_b, cur, WINDOW)
     if cur + 1 >= WINDOW:
         return
     B_row = B_ptr + (i_b * G + i_g) * K
@@ -300,10 +297,27 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     rc, rs, rgs = lv.rc_args()
     check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
     BR = max(16, next_pow2(lv.window))
+    fbk = check_flush_block_k(flush_block_k, N)
+    side = None
+    if method == "split":  # this launch only does the flush rows' work (sized for the fold), beside the others
+        frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
+        nw = flush_launch_warps(flush_warps, nw)
+        side = side_stream(lv.device)
+    else:
+        frows, nflush, nfp = slots, slots, 1
+    with on_stream(side):
+        grid = (triton.cdiv(P, BV), H, nfp if method == "split" else Bn)
+        _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
+                                lv.cursor, lv.folded, frows, nflush, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
+                                lv.rec_g, lv.seed, lv.layer,
+                                H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
+                                BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                                CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
+                                INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
+                                NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
-        frows, nflush, nfp = flush_list(Bn, lv.window, lv.device)
-        _m2_decode_prep_kernel[(G, Bn)](B, C, slots, lv.cursor, lv.rec_k, prep, frows, nflush, G=G, K=N, R=lv.R,
+        _m2_decode_prep_kernel[(G, Bn)](B, C, slots, lv.cursor, lv.rec_k, prep, G=G, K=N, R=lv.R,
                                         WINDOW=lv.window,
                                         BR=BR, num_warps=4)
         rbv, rnw = _block_v(P, block_v), num_warps or default_warps(Bn, H)
@@ -312,20 +326,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
             lv.rec_d, lv.rec_g, prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
             BKC=block_k or chunk_k(N), BR=BR, RC=lv.rc_mode, HAS_Z=z is not None, ACC=rnw >= 4,
             NS=check_stages(stages), num_warps=rnw)
-    fbk = check_flush_block_k(flush_block_k, N)
-    if method == "split":  # this launch only does the flush rows' work: sized for the fold
-        nw = flush_launch_warps(flush_warps, nw)
-    else:
-        frows, nflush, nfp = slots, slots, 1
-    grid = (triton.cdiv(P, BV), H, nfp if method == "split" else Bn)
-    _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
-                            lv.cursor, lv.folded, frows, nflush, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
-                            lv.rec_g, lv.seed, lv.layer,
-                            H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
-                            BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
-                            CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
-                            INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
-                            NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
+    join_stream(side)
     return out
 
 

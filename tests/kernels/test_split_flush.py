@@ -1,5 +1,5 @@
-"""The split decode's flush launch runs over the flush-row list its prep kernel builds, with fewer row
-programs than rows (common.flush_list): a step where every row flushes at once (more flush rows than
+"""The split decode's flush launch runs over a flush-row list built on the device (common.flush_list),
+with fewer row programs than rows: a step where every row flushes at once (more flush rows than
 row programs, so each program takes several) must still match the reference, for every family."""
 import pytest
 import torch
@@ -30,9 +30,10 @@ def test_every_row_flushing_at_once(family, read_copy):
     pk = make_pool(family, window=window, num_slots=7, read_copy=read_copy, gen=g)
     B = 6
     slots = torch.tensor([3, 6, 1, 7, 2, 5], dtype=torch.int32, device=DEV)  # slot 4 untouched
-    _rows, _count, nfp = common.flush_list(B, window, DEV)
-    assert nfp < B  # the flush launch has fewer row programs than flush rows: each takes several
     pk.cursor[slots.long()] = window - 1  # every row's record fills the window this step
+    rows, count, nfp = common.flush_list(slots, pk.cursor, window)
+    assert int(count) == B and rows.tolist() == list(range(B))
+    assert nfp < B  # the flush launch has fewer row programs than flush rows: each takes several
     pr = clone_pool(pk)
     before = snapshot(pk)
     x, par = _step_inputs(family, g, pk, B)
@@ -47,3 +48,13 @@ def test_every_row_flushing_at_once(family, read_copy):
     x, par = _step_inputs(family, g, pk, B)
     close(kmod.decode(pk, 0, slots, **x, **par, method="split"), rmod.decode(pr, 0, slots, **x, **par))
     compare_pools(pk, pr, 0, read_copy, "fp32")
+
+
+def test_flush_list_picks_the_flush_rows_in_order():
+    g = torch.Generator().manual_seed(3)
+    cursor = torch.randint(0, 4, (40,), generator=g, dtype=torch.int32).to(DEV)
+    slots = torch.randperm(39, generator=g)[:23].add(1).int().to(DEV)
+    rows, count, nfp = common.flush_list(slots, cursor, 4)
+    want = [b for b, s in enumerate(slots.tolist()) if cursor[s] + 1 >= 4]
+    assert int(count) == len(want) and rows[:len(want)].tolist() == want
+    assert nfp == min(23, 2 * -(-23 // 4))
