@@ -470,6 +470,31 @@ def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v
 
 
 @triton.jit
+def flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, RKS: tl.constexpr, K: tl.constexpr):
+    """A flush row's whole checkpoint rows o_v ([BV, K], fp32) and committed keys ([BR, K]), one load each."""
+    o_k = tl.arange(0, K)
+    S0 = tl.load(ckpt_ptr + (head_rows + o_v)[:, None] * K + o_k[None, :], mask=mask_v[:, None],
+                 other=0.0).to(tl.float32)
+    Kr = tl.load(reck_base + o_r[:, None] * RKS + o_k[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+    return S0, Kr
+
+
+@triton.jit
+def fold_tile_store(S0, Kr, Dr, w, gtot, alpha, dcur, kcur, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head,
+                    o_v, mask_v, seed, stream, idx_base, K: tl.constexpr, BV: tl.constexpr, RC: tl.constexpr,
+                    CKPT_SR: tl.constexpr, SHARED: tl.constexpr, INTERPRET: tl.constexpr):
+    """fold_store from registers (whole rows, flush_tiles): S = alpha (S0 exp(gtot) + (w D_r)^T K_r)
+    + dcur kcur^T, then its read copy (scales from the rows' maxima) and checkpoint."""
+    S = alpha * (S0 * tl.exp(gtot) + tl.dot(tl.trans(Dr * w[:, None]), Kr, input_precision=FOLD_PREC))
+    S = S + dcur[:, None] * kcur[None, :]
+    rows = head_rows + o_v
+    amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
+    sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
+    store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, tl.arange(0, K), 0, mask_v, sc, gs, seed, stream,
+                      idx_base, K, K, BV, RC, CKPT_SR, SHARED, INTERPRET)
+
+
+@triton.jit
 def record_key_products(reck_ptr, x_row, y_row, slot, cur, i_hk, rx, ry, HK: tl.constexpr, K: tl.constexpr,
                         R: tl.constexpr, BR: tl.constexpr, NEED_Y: tl.constexpr):
     """K_r x and K_r y ([BR], rows >= cur are 0) of the committed record keys of (slot, k-head i_hk)

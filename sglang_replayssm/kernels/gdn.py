@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (flush_list, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (flush_list, flush_tiles, fold_tile_store, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_store, gram_update, LayerViews, load_records,
@@ -47,6 +47,16 @@ def _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
 
 
 @triton.jit
+def _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq):
+    """d = beta (v - S' k) and o = S' q + d k.q from the checkpoint's S0 q, S0 k ([BV]) and the
+    committed keys' K_r q, K_r k ([BR]), with S' = alpha (gamma S0 + sum_j w_j d_j k_j^T)."""
+    sq = alpha * (gam * sq0 + tl.sum(Dr * (w * kqr)[:, None], axis=0))
+    sk = alpha * (gam * sk0 + tl.sum(Dr * (w * kkr)[:, None], axis=0))
+    d = beta * (vv - sk)
+    return d, sq + d * kq
+
+
+@triton.jit
 def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
                     folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
@@ -69,25 +79,36 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     # S q and S k of the state before this token: checkpoint (flush rows: the fp32 one, others
     # the read copy) plus the records, without forming the state
     if is_flush:
-        sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
-                                         mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                         HK * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, True, ACC, NS)
+        stream = tl.load(folded_ptr + slot) + cur + 1
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        if FBKC == K:  # whole rows: the checkpoint tile and the keys are loaded once, folded in registers
+            S0, Kr = flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, HK * K, K)
+            o_k = tl.arange(0, K)
+            qn = tl.load(q_row + o_k).to(tl.float32) * rq
+            kn = tl.load(k_row + o_k).to(tl.float32) * rk
+            d, o = _gdn_out(tl.sum(S0 * qn[None, :], axis=1), tl.sum(S0 * kn[None, :], axis=1),
+                            tl.sum(Kr * qn[None, :], axis=1), tl.sum(Kr * kn[None, :], axis=1), alpha, gam, Dr, w,
+                            beta, vv, kq)
+            fold_tile_store(S0, Kr, Dr, w, gtot, alpha, d, kn, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
+                            slot * H + i_h, o_v, mask_v, seed, stream, idx_base, K, BV, RC, CKPT_SR, SHARED,
+                            INTERPRET)
+        else:
+            sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                             mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                                             HK * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, True, ACC, NS)
+            d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
+            # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
+            fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
+                       recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
+                       alpha, d, k_row, rk, seed, stream, idx_base,
+                       HK * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True,
+                       INTERPRET)
     else:
         sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
                                          HK * K, K, BKC, BV, BR, RC, True, ACC, NS)
-    sq = alpha * (gam * sq0 + tl.sum(Dr * (w * kqr)[:, None], axis=0))
-    sk = alpha * (gam * sk0 + tl.sum(Dr * (w * kkr)[:, None], axis=0))
-    d = beta * (vv - sk)
-    o = sq + d * kq
+        d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
-    if is_flush:  # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
-        stream = tl.load(folded_ptr + slot) + cur + 1
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
-                   recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
-                   alpha, d, k_row, rk, seed, stream, idx_base,
-                   HK * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET)
     # the record of this token at ring position cur
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -177,10 +198,7 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
                                      mask_v, q_ptr + (i_b * HK + i_hk) * K, k_ptr + (i_b * HK + i_hk) * K,
                                      tl.load(p + 2 * BR + 1), tl.load(p + 2 * BR + 2), recd_ptr, o_r, mask_r,  # no keys read
                                      HK * K, K, BKC, BV, BR, RC, True, ACC, NS, False)
-    sq = alpha * (gam * sq0 + tl.sum(Dr * (w * tl.load(p + o_r))[:, None], axis=0))
-    sk = alpha * (gam * sk0 + tl.sum(Dr * (w * tl.load(p + BR + o_r))[:, None], axis=0))
-    d = beta * (vv - sk)
-    o = sq + d * tl.load(p + 2 * BR)
+    d, o = _gdn_out(sq0, sk0, tl.load(p + o_r), tl.load(p + BR + o_r), alpha, gam, Dr, w, beta, vv, tl.load(p + 2 * BR))
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
     if i_v == 0:

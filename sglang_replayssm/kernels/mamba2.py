@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (flush_list, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (flush_list, flush_tiles, fold_tile_store, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, draft_structure, fold_store, LayerViews, load_records,
                      load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
@@ -34,6 +34,19 @@ def _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b, i_h, i_g,
 def _m2_finish(y, xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H: tl.constexpr, V: tl.constexpr,
                HAS_Z: tl.constexpr):
     y = y + Dh * xv
+    if HAS_Z:
+        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        y = y * zv * tl.sigmoid(zv)
+    return y
+
+
+@triton.jit
+def _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H: tl.constexpr,
+            V: tl.constexpr, HAS_Z: tl.constexpr):
+    """y = S_t C + D x (z-gated) from the checkpoint's S0 C ([BV]) and the committed keys' K_r C ([BR]),
+    with S_t = a (gamma S0 + sum_j w_j u_j B_j^T) + u B^T."""
+    y = a * (gam * sc0 + tl.sum(Dr * (w * kcr)[:, None], axis=0)) + u * bc
+    y = y + tl.load(D_ptr + i_h).to(tl.float32) * xv
     if HAS_Z:
         zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
         y = y * zv * tl.sigmoid(zv)
@@ -64,26 +77,33 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * G + i_g) * K
     if is_flush:
-        sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
-                                       mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                       G * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, False, ACC, NS)
+        stream = tl.load(folded_ptr + slot) + cur + 1
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        if FBKC == K:  # whole rows: the checkpoint tile and the keys are loaded once, folded in registers
+            S0, Kr = flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, G * K, K)
+            Cv = tl.load(C_row + o_k).to(tl.float32)
+            y = _m2_out(tl.sum(S0 * Cv[None, :], axis=1), tl.sum(Kr * Cv[None, :], axis=1), a, gam, Dr, w, u, bc,
+                        xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+            # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
+            fold_tile_store(S0, Kr, Dr, w, gtot, a, u, tl.load(B_row + o_k).to(tl.float32), ckpt_ptr, rc_ptr, rs_ptr,
+                            rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, seed, stream, idx_base, K, BV, RC,
+                            CKPT_SR, SHARED, INTERPRET)
+        else:
+            sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                           mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
+                                           G * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, False, ACC, NS)
+            y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+            fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
+                       recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
+                       a, u, B_row, 1.0, seed, stream, idx_base,
+                       G * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True,
+                       INTERPRET)
     else:
         sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                        mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
                                        G * K, K, BKC, BV, BR, RC, False, ACC, NS)
-    y = a * (gam * sc0 + tl.sum(Dr * (w * kcr)[:, None], axis=0)) + u * bc
-    y = y + tl.load(D_ptr + i_h).to(tl.float32) * xv
-    if HAS_Z:
-        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-        y = y * zv * tl.sigmoid(zv)
+        y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
-    if is_flush:  # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
-        stream = tl.load(folded_ptr + slot) + cur + 1
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
-                   recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
-                   a, u, B_row, 1.0, seed, stream, idx_base,
-                   G * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
     if i_v == 0:
@@ -161,11 +181,8 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
     sc0, _s, _k, _kk = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
                                    mask_v, C_row, C_row, 1.0, 1.0, recd_ptr, o_r, mask_r,  # no keys read
                                    G * K, K, BKC, BV, BR, RC, False, ACC, NS, False)
-    y = tl.exp(g) * (gam * sc0 + tl.sum(Dr * (w * tl.load(p + o_r))[:, None], axis=0)) + u * tl.load(p + BR)
-    y = y + tl.load(D_ptr + i_h).to(tl.float32) * xv
-    if HAS_Z:
-        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-        y = y * zv * tl.sigmoid(zv)
+    y = _m2_out(sc0, tl.load(p + o_r), tl.exp(g), gam, Dr, w, u, tl.load(p + BR), xv, D_ptr, z_ptr, i_b, i_h, o_v,
+                mask_v, H, V, HAS_Z)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty), mask=mask_v)
     if i_v == 0:

@@ -22,8 +22,11 @@ def _step_inputs(family, g, pool, B):
     return test_kda.inputs(g, B, H, Hk, Dv, Dk), test_kda.params(g, H, Dk)
 
 
-@pytest.mark.parametrize("family,read_copy", [("gdn", "fp8"), ("mamba2", "none"), ("kda", "fp8")])
-def test_every_row_flushing_at_once(family, read_copy):
+@pytest.mark.parametrize("family,read_copy,whole", [("gdn", "fp8", False), ("mamba2", "none", False),
+                                                    ("kda", "fp8", False), ("gdn", "none", True),
+                                                    ("mamba2", "fp8", True), ("mamba2", "none", True)])
+def test_every_row_flushing_at_once(family, read_copy, whole):
+    """whole: flush_block_k = head_k_dim, the flush rows' tiles loaded once and folded in registers."""
     kmod, rmod = {"gdn": (kgdn, rgdn), "mamba2": (km2, rm2), "kda": (kkda, rkda)}[family]
     g = torch.Generator().manual_seed(7)
     window = 8
@@ -37,7 +40,8 @@ def test_every_row_flushing_at_once(family, read_copy):
     pr = clone_pool(pk)
     before = snapshot(pk)
     x, par = _step_inputs(family, g, pk, B)
-    ok = kmod.decode(pk, 0, slots, **x, **par, method="split")
+    fbk = {"flush_block_k": pk.geo.state_shape[2]} if whole else {}
+    ok = kmod.decode(pk, 0, slots, **x, **par, method="split", **fbk)
     orf = rmod.decode(pr, 0, slots, **x, **par)
     close(ok, orf)
     compare_pools(pk, pr, 0, read_copy, "fp32")
