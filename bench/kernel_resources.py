@@ -215,6 +215,10 @@ def cases(geos, batch, quick=False):
             if label in ("fp32", "fp8"):
                 yield name, f"decode {label} split bv32 bk32 w2", lambda mod=mod, pool=pool, inp=inp: \
                     mod.decode(pool, 0, slots, **inp, block_v=32, block_k=32, num_warps=2, method="split")
+                yield name, f"decode {label} split fbk{geo['Dk']} bv32 bk32 w2", \
+                    lambda mod=mod, pool=pool, inp=inp: mod.decode(pool, 0, slots, **inp, block_v=32, block_k=32,
+                                                                   num_warps=2, method="split",
+                                                                   flush_block_k=geo["Dk"])
             counts = torch.full((batch,), 3, dtype=torch.int32)
             yield name, f"fold {label}", lambda mod=mod, pool=pool, counts=counts: mod.fold(pool, 0, slots, counts)
         pool = make_pool(geo, nslots=batch)

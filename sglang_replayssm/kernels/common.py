@@ -188,6 +188,33 @@ def flush_launch_warps(flush_warps, num_warps: int) -> int:
     return flush_warps or max(num_warps, 4)
 
 
+# The split decode's block configuration measured best on the H200 at batch 256 (bench/README.md,
+# "Decode methods"): (block_v, block_k, num_warps, stages, whole-row flush), per family and read copy.
+SPLIT_TUNED = {
+    ("gdn", RC_FP8): (32, 64, 1, 2, True),
+    ("mamba2", RC_FP8): (64, 128, 4, None, True),
+    ("kda", RC_NONE): (64, 128, 4, None, True),
+    ("kda", RC_FP8): (64, 128, 4, None, True),
+}
+
+
+def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dk: int, method, knobs: dict):
+    """The decode method and block knobs a wrapper uses. method None picks "split" where it measured
+    faster (a read copy, or KDA) on a grid large enough to fill the GPU (batch * heads >= 1024), else
+    "fused". A split decode with none of the knobs set gets SPLIT_TUNED's configuration (block_k
+    capped at head_k_dim; the whole-row flush is flush_block_k = head_k_dim)."""
+    if method is None:
+        split = (rc_mode != RC_NONE or family == "kda") and batch * heads >= 1024 and rc_mode != RC_NVFP4
+        method = "split" if split else "fused"
+    check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")
+    tuned = SPLIT_TUNED.get((family, rc_mode))
+    if method == "split" and tuned is not None and all(v is None for v in knobs.values()):
+        bv, bk, nw, ns, whole = tuned
+        knobs = dict(knobs, block_v=bv, block_k=chunk_k(Dk, min(bk, Dk)), num_warps=nw, stages=ns,
+                     flush_block_k=Dk if whole else None)
+    return method, knobs
+
+
 def default_warps(batch: int, heads: int) -> int:
     """Warps per decode program. Measured on the H200 (bench/results/kernels.json): one warp per
     (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (flush_list, flush_tiles, fold_tile_store, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
+from .common import (decode_plan, flush_list, flush_tiles, fold_tile_store, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
                      flush_launch_warps,
                      chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_store, gram_update, LayerViews, load_records,
@@ -476,18 +476,19 @@ def _block_v(Dv, B, H, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused",
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method=None,
            flush_warps=None):
     """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
 
     Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
     the cursor (pool.advance does).
-    stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
-    chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
-    read copy does not size the flush path's registers. flush_warps: warps of the split decode's flush
-    launch (default 4: the fold's tensor-core dot and a whole-row chunk want several warps). method: "fused" (one launch for all rows) or
-    "split" (non-flush rows: the k-head's record products once in a small kernel, then the state
-    pass; flush rows: the fused kernel restricted to them)."""
+    Tuning knobs (defaults: common.decode_plan): stages software-pipelines the state loop
+    (common.check_stages); flush_block_k is the flush rows' column chunk (their fp32 read and the
+    fold; head_k_dim: the tile is loaded once and folded in registers); flush_warps the split
+    decode's flush launch's warps (default >= 4). method: "fused" (one launch for all rows),
+    "split" (a flush-row list, the flush rows on a side stream; the other rows through a small
+    kernel for the k-head's record products, then the state pass) or None (common.decode_plan: split
+    where it measured faster)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -500,13 +501,17 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
         return out
+    method, kn = decode_plan("gdn", lv.rc_mode, B, H, Dk, method,
+                             dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
+                                  flush_block_k=flush_block_k))
+    block_v, block_k, num_warps, stages, flush_block_k = (kn[n] for n in ("block_v", "block_k", "num_warps", "stages",
+                                                                          "flush_block_k"))
     BV = _block_v(Dv, B, H, block_v)
     nw = num_warps or default_warps(B, H)
     if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
         BV = max(16, next_pow2(lv.Dv))
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
-    check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, Dk)
     side = None

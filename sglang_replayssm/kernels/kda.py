@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (flush_list, join_stream, on_stream, side_stream, FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
+from .common import (decode_plan, flush_list, join_stream, on_stream, side_stream, FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
                      check_tensor, flush_launch_warps, chunk_k, default_warps, delta_solve, draft_chunk,
                      draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
                      output_tensor, read_copy_scales, ring_program, ring_row, softplus, store_draft_d,
@@ -403,17 +403,17 @@ def _block_v(Dv, block_v):
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method="fused",
+           block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method=None,
            flush_warps=None):
     """One KDA decode step of a batch, in place on the pool (record at cursor; flush rows fold).
     Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype.
-    method: "fused" (one launch for all rows) or "split" (non-flush rows: the per-(row, head) record
-    and decay work once in a small kernel, then a state pass like GDN's; flush rows: the fused kernel
-    restricted to them).
-    stages: software-pipeline the state loop (common.check_stages). flush_block_k: the column
-    chunk of flush rows (their fp32 read and the fold; default block_k), so that a wide chunk for the
-    read copy does not size the flush path's registers. flush_warps: warps of the split decode's flush
-    launch (default 4: the fold's tensor-core dot and a whole-row chunk want several warps)."""
+    Tuning knobs (defaults: common.decode_plan): stages software-pipelines the state loop
+    (common.check_stages); flush_block_k is the flush rows' column chunk (their fp32 read and the
+    fold; head_k_dim: the tile is loaded once and folded in registers); flush_warps the split
+    decode's flush launch's warps (default >= 4). method: "fused" (one launch for all rows),
+    "split" (a flush-row list, the flush rows on a side stream; the other rows through a small
+    kernel for the head's record products, then the state pass) or None (common.decode_plan: split
+    where it measured faster)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -425,13 +425,17 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
         return out
+    method, kn = decode_plan("kda", lv.rc_mode, B, H, Dk, method,
+                             dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
+                                  flush_block_k=flush_block_k))
+    block_v, block_k, num_warps, stages, flush_block_k = (kn[n] for n in ("block_v", "block_k", "num_warps", "stages",
+                                                                          "flush_block_k"))
     BV = _block_v(Dv, block_v)
     nw = num_warps or default_warps(B, H)
     if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
         BV = next_pow2(Dv)
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
-    check(method in ("fused", "split"), f"method must be 'fused' or 'split', got {method!r}")
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, Dk)
     side = None
