@@ -178,20 +178,21 @@ def run_conventional_ours(geo, B, state, slots, inp, cfg):
 
 
 def run_replay_ours(geo, pool, slots, inp, curs, cfg, method=None):
-    """cfg: (block_v, block_k, warps[, stages[, flush_block_k[, flush_warps]]]); 0 = the default for the last three.
+    """cfg: (block_v, block_k, warps[, stages[, flush_block_k[, flush_warps]]]) (0 = the default for the
+    last three), or None for the library's defaults.
     method: the decode method ("fused" / "split"), None for the default."""
     mod = module(geo)
     kw = {"method": method} if method else {}
-    bv, bk, nw = cfg[:3]
-    stages = cfg[3] if len(cfg) > 3 and cfg[3] else None
-    fbk = cfg[4] if len(cfg) > 4 and cfg[4] else None
-    fw = cfg[5] if len(cfg) > 5 and cfg[5] else None
+    if cfg is not None:  # None: the library's defaults (common.decode_plan)
+        kw.update(block_v=cfg[0], block_k=cfg[1], num_warps=cfg[2],
+                  stages=cfg[3] if len(cfg) > 3 and cfg[3] else None,
+                  flush_block_k=cfg[4] if len(cfg) > 4 and cfg[4] else None,
+                  flush_warps=cfg[5] if len(cfg) > 5 and cfg[5] else None)
     steps = []
     for s in range(L):
         def f(s=s):
             pool.cursor = curs[s]
-            mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw, stages=stages,
-                       flush_block_k=fbk, flush_warps=fw, **kw)
+            mod.decode(pool, 0, slots, **inp, **kw)
         steps.append(f)
     return steps
 
@@ -245,7 +246,7 @@ def run_sglang_replay(geo, B, state, slots, inp, nslots):
     return steps
 
 
-def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method="fma"):
+def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method=None):
     """One verify of T chain drafts + the commit fold of rows that reach the window (all drafts
     accepted: the most folds) + the on-device cursor update, per step; L steps per graph."""
     mod = module(geo)
@@ -255,11 +256,12 @@ def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method="fma"):
     counts = torch.zeros(B, dtype=torch.int32, device=DEV)
     steps = []
 
-    bv, bk, nw = cfg
+    kw = {"method": method} if geo["family"] == "gdn" and method else {}
+    if cfg is not None:  # None: the library's defaults
+        kw.update(block_v=cfg[0], block_k=cfg[1], num_warps=cfg[2])
 
     def f():
-        kw = {"method": method} if geo["family"] == "gdn" else {}
-        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=bk, num_warps=nw, **kw)
+        mod.verify(pool, 0, slots, **inp_t, **kw)
         c = pool.cursor[slots.long()] + T
         full = c >= L
         counts.copy_(torch.where(full, c, torch.zeros_like(c)))
@@ -282,7 +284,7 @@ def gpu_checks():
         refs["kda"] = (kkda, rkda)
     for fam, (km, rm) in refs.items():
         geo = dict(family=fam, H=8, Hk=4 if fam != "kda" else 8, Dv=64, Dk=128)
-        for rc in ("none", "fp8"):
+        for rc, method in (("none", "fused"), ("fp8", "fused"), ("none", "split"), ("fp8", "split")):
             pk = make_pool(geo, 12, read_copy=rc)
             if rc == "fp8":
                 from sglang_replayssm.reference.quant import quant_fp8_rows
@@ -295,23 +297,25 @@ def gpu_checks():
             for step in range(L + 2):
                 inp = make_inputs(geo, 6)
                 inp = {k: (v.float() if v.dtype == ACT else v) for k, v in inp.items()}
-                o1 = km.decode(pk, 0, slots, **inp)
+                kw = dict(method=method, flush_block_k=geo["Dk"]) if method == "split" else dict(method=method)
+                o1 = km.decode(pk, 0, slots, **inp, **kw)
                 o2 = rm.decode(pr, 0, slots, **inp)
                 errs.append(((o1[:-1].double() - o2[:-1].double()).norm() / o2[:-1].double().norm()).item())
                 pk.advance(slots)
                 pr.advance(slots)
             ck = ((pk.ckpt[:, 1:] - pr.ckpt[:, 1:]).double().norm() / pr.ckpt[:, 1:].double().norm()).item()
-            row = dict(family=fam, read_copy=rc, what="decode x18 steps", max_rel_err_out=max(errs), rel_err_ckpt=ck)
+            row = dict(family=fam, read_copy=rc, what=f"decode x18 steps, {method}", max_rel_err_out=max(errs),
+                       rel_err_ckpt=ck)
             if hasattr(km, "verify"):
                 try:
-                    for tree in (False, True):
-                        T = 4
+                    for tree, T in ((False, 4), (True, 4), (False, 2)):  # default methods: T >= 4 mma (GDN)
                         inp = make_inputs(geo, 6, T=T)
                         inp = {k: (v.float() if v.dtype == ACT else v) for k, v in inp.items()}
                         par = torch.tensor([[-1, 0, 0, 1]] * 6, dtype=torch.int32, device=DEV) if tree else None
+                        pr.cursor.copy_(pk.cursor)
                         o1 = km.verify(pk, 0, slots, **inp, parents=par)
                         o2 = rm.verify(pr, 0, slots, **inp, parents=par)
-                        row[f"max_rel_err_verify_{'tree' if tree else 'chain'}"] = (
+                        row[f"max_rel_err_verify_T{T}_{'tree' if tree else 'chain'}"] = (
                             (o1[:-1].double() - o2[:-1].double()).norm() / o2[:-1].double().norm()).item()
                 except Exception as e:  # noqa: BLE001
                     row["verify_error"] = repr(e)[:200]
@@ -382,7 +386,8 @@ def main():
         timed(gpu_checks)
     batches = [int(b) for b in args.batches.split(",")]
     geos = GEOMS if args.geos == "all" else [g for g in GEOMS if g["name"] in args.geos.split(",")]
-    rcfgs = [(32, 32, 4)] if args.quick else [(32, 32, 1), (64, 16, 2), (32, 32, 4), (128, 32, 8)]
+    # None: the library's defaults (what the engines run); the others for context
+    rcfgs = [None] if args.quick else [None, (32, 32, 1), (32, 32, 2, 3)]
     ccfgs = [(16, None, 2)] if args.quick else [(32, None, 8), (16, None, 2)]
     for geo in geos:
         if module(geo) is None:
@@ -417,28 +422,27 @@ def main():
                     ms = timed(bench_graph, steps, rep)
                     if ms is None:
                         continue
-                    tag = f"bv{cfg[0]}_bk{cfg[1]}_w{cfg[2]}"
+                    tag = "default" if cfg is None else "bv{}_bk{}_w{}".format(*cfg) + (
+                        f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
                     record(geo=name, B=B, kernel=f"ours_{kind}_{tag}", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
                     if kind not in best or ms < best[kind][0]:
                         best[kind] = (ms, cfg, nb)
             for kind, (ms, cfg, nb) in best.items():
-                record(geo=name, B=B, kernel=f"ours_{kind}", ms=ms, GBps=nb / ms / 1e6, bytes=nb, config=list(cfg),
-                       hbm_limit_ms=nb / bw / 1e6)
+                record(geo=name, B=B, kernel=f"ours_{kind}", ms=ms, GBps=nb / ms / 1e6, bytes=nb,
+                       config=None if cfg is None else list(cfg), hbm_limit_ms=nb / bw / 1e6)
             pool.cursor = curs[0]
             pool8.cursor = curs[0]
-            if B == 256:   # the split decode, at the fused one's best config
-                cfg = best.get("replay_fp32", (0, rcfgs[0]))[1]
-                ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg, "split"), rep)
-                if ms:
-                    nb = bytes_replay(geo, B, "none")
-                    record(geo=name, B=B, kernel="ours_replay_fp32_split", ms=ms, GBps=nb / ms / 1e6, bytes=nb,
-                           config=list(cfg))
-                pool.cursor = curs[0]
+            if B == 256:   # both methods at their tuned / default blocks
+                for m in ("split", "fused"):
+                    ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, None, m), rep)
+                    if ms:
+                        nb = bytes_replay(geo, B, "none")
+                        record(geo=name, B=B, kernel=f"ours_replay_fp32_{m}", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
+                    pool.cursor = curs[0]
             # records in bf16 (smaller ring traffic), fp32 state
             if B == 256:
                 pb = make_pool(geo, nslots, record_dtype=torch.bfloat16)
-                cfg = best.get("replay_fp32", (0, rcfgs[0]))[1]
-                ms = timed(bench_graph, run_replay_ours(geo, pb, slots, inp, curs, cfg), rep)
+                ms = timed(bench_graph, run_replay_ours(geo, pb, slots, inp, curs, None), rep)
                 if ms:
                     nb = bytes_replay(geo, B, "none", rb=2)
                     record(geo=name, B=B, kernel="ours_replay_fp32_bf16records", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
@@ -459,9 +463,9 @@ def main():
                 E = geo["H"] * geo["Dv"] * geo["Dk"]
                 for T in range(1, 9):
                     inp_t = make_inputs(geo, B, T=T)
-                    variants = [((32, 16, 4), "fma")]
+                    variants = [(None, None)]   # the library's defaults
                     if B == 256 and T in (1, 4, 8) and geo["family"] == "gdn":
-                        variants += [((32, 16, 4), "mma"), ((32, 16, 4), "split")]
+                        variants += [(None, "fma"), (None, "mma"), ((16, 16, 2), "split")]
                     for vcfg, method in variants:
                         steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, vcfg, base, method)
                         ms = timed(bench_graph, steps, rep)
@@ -469,8 +473,8 @@ def main():
                         if not ms:
                             continue
                         nb = B * (E * 4 * (1 + T / L) + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
-                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + ("" if method == "fma" else f"_{method}"),
-                               ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T, config=list(vcfg),
+                        record(geo=name, B=B, kernel=f"ours_verify_T{T}" + (f"_{method}" if method else ""),
+                               ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T, config=None if vcfg is None else list(vcfg),
                                note=f"{ms / T:.4f} ms/draft")
                 pool.cursor = curs[0]
         del state, pool, pool8

@@ -545,10 +545,13 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
 
 
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
-           out=None, block_v=None, block_k=None, num_warps=None, method="fma"):
+           out=None, block_v=None, block_k=None, num_warps=None, method=None):
     """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
     or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
-    returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below)."""
+    returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below).
+    method: "fma" (exact fp32 broadcast products), "mma" (the state products as 3xTF32 tensor-core
+    dots), "split" (draft/record products once per (row, k-head) first) or None: "mma" for T >= 4,
+    else "fma" (the H200 sweep, bench/README.md). Default blocks: 32 value rows, 2 warps."""
     lv = LayerViews(pool, layer)
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
@@ -564,9 +567,12 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     if B == 0:
         return out
     BV = block_v or 32
+    num_warps = num_warps or 2
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
-    check(method in ("fma", "mma", "split"), f"method must be 'fma', 'mma' or 'split', got {method!r}")
+    if method is None:
+        method = "mma" if T >= 4 else "fma"
+    check(method in ("fma", "mma", "split"), f"method must be None, 'fma', 'mma' or 'split', got {method!r}")
     if method == "split":  # record/draft products once per (row, k-head), then the state pass
         BT, BR, BKC = next_pow2(T), max(16, next_pow2(lv.window)), block_k or chunk_k(Dk, 16)
         gram = torch.empty((B, Hk, 2 * BR * BT + 2 * BT * BT + 2 * BT), dtype=torch.float32, device=lv.device)
@@ -577,7 +583,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
                                        gram, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=BT, BV=BV, BKC=BKC, BR=BR,
                                        RC=lv.rc_mode, HAS_PARENTS=parents is not None, num_warps=num_warps or 4)
         return out
-    if method == "mma":  # tensor-core variant (3xTF32 on the GPU; not yet timed on the H200)
+    if method == "mma":  # tensor-core variant (3xTF32 on the GPU)
         _gdn_verify_mma_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                                      parents if parents is not None else slots, out, slots, lv.cursor,
                                      lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,

@@ -373,7 +373,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     out = output_tensor(out, (Bn, T, H, P), x, lv.device)
     if Bn == 0:
         return out
-    BV = block_v or 32
+    BV = block_v or 64  # the H200 sweep: 64 value rows per program, 4 warps
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(P, BV), H, Bn)
     _m2_verify_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x,
