@@ -78,10 +78,8 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     # S q and S k of the state before this token: checkpoint (flush rows: the fp32 one, others
     # the read copy) plus the records, without forming the state
-    if is_flush:
-        stream = tl.load(folded_ptr + slot) + cur + 1
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        if FBKC == K:  # whole rows: the checkpoint tile and the keys are loaded once, folded in registers
+    if FBKC == K:  # whole-row flush: the checkpoint tile and the keys loaded once, folded in registers
+        if is_flush:
             S0, Kr = flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, HK * K, K)
             o_k = tl.arange(0, K)
             qn = tl.load(q_row + o_k).to(tl.float32) * rq
@@ -90,24 +88,29 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
                             tl.sum(Kr * qn[None, :], axis=1), tl.sum(Kr * kn[None, :], axis=1), alpha, gam, Dr, w,
                             beta, vv, kq)
             fold_tile_store(S0, Kr, Dr, w, gtot, alpha, d, kn, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
-                            slot * H + i_h, o_v, mask_v, seed, stream, idx_base, K, BV, RC, CKPT_SR, SHARED,
-                            INTERPRET)
+                            slot * H + i_h, o_v, mask_v, seed, tl.load(folded_ptr + slot) + cur + 1,
+                            (layer * H + i_h).to(tl.int64) * (V * K), K, BV, RC, CKPT_SR, SHARED, INTERPRET)
         else:
             sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                              mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                             HK * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, True, ACC, NS)
+                                             HK * K, K, BKC, BV, BR, RC, True, ACC, NS)
             d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
-            # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
+    else:
+        if is_flush:
+            sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                             mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                                             HK * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, True, ACC, NS)
+        else:
+            sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                             mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                                             HK * K, K, BKC, BV, BR, RC, True, ACC, NS)
+        d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
+        if is_flush:  # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
             fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                        recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
-                       alpha, d, k_row, rk, seed, stream, idx_base,
-                       HK * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True,
-                       INTERPRET)
-    else:
-        sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
-                                         mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                         HK * K, K, BKC, BV, BR, RC, True, ACC, NS)
-        d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
+                       alpha, d, k_row, rk, seed, tl.load(folded_ptr + slot) + cur + 1,
+                       (layer * H + i_h).to(tl.int64) * (V * K), HK * K, H * V, H, K, FBKC if FBKC > 0 else BKC,
+                       BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
     # the record of this token at ring position cur
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
@@ -501,7 +504,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
         return out
-    method, kn = decode_plan("gdn", lv.rc_mode, B, H, Dk, method,
+    method, kn = decode_plan("gdn", lv.rc_mode, B, H, Dv, Dk, method,
                              dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
                                   flush_block_k=flush_block_k))
     block_v, block_k, num_warps, stages, flush_block_k = (kn[n] for n in ("block_v", "block_k", "num_warps", "stages",

@@ -76,33 +76,37 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * G + i_g) * K
-    if is_flush:
-        stream = tl.load(folded_ptr + slot) + cur + 1
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        if FBKC == K:  # whole rows: the checkpoint tile and the keys are loaded once, folded in registers
+    if FBKC == K:  # whole-row flush: the checkpoint tile and the keys loaded once, folded in registers
+        if is_flush:
             S0, Kr = flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, G * K, K)
             Cv = tl.load(C_row + o_k).to(tl.float32)
             y = _m2_out(tl.sum(S0 * Cv[None, :], axis=1), tl.sum(Kr * Cv[None, :], axis=1), a, gam, Dr, w, u, bc,
                         xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
             # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
             fold_tile_store(S0, Kr, Dr, w, gtot, a, u, tl.load(B_row + o_k).to(tl.float32), ckpt_ptr, rc_ptr, rs_ptr,
-                            rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, seed, stream, idx_base, K, BV, RC,
-                            CKPT_SR, SHARED, INTERPRET)
+                            rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, seed, tl.load(folded_ptr + slot) + cur + 1,
+                            (layer * H + i_h).to(tl.int64) * (V * K), K, BV, RC, CKPT_SR, SHARED, INTERPRET)
         else:
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                           G * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, False, ACC, NS)
+                                           G * K, K, BKC, BV, BR, RC, False, ACC, NS)
             y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+    else:
+        if is_flush:
+            sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                           mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
+                                           G * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, False, ACC, NS)
+        else:
+            sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                           mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
+                                           G * K, K, BKC, BV, BR, RC, False, ACC, NS)
+        y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+        if is_flush:  # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
             fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                        recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
-                       a, u, B_row, 1.0, seed, stream, idx_base,
-                       G * K, H * V, H, K, FBKC if FBKC > 0 else BKC, BV, BR, RC, CKPT_SR, SHARED, True,
-                       INTERPRET)
-    else:
-        sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
-                                       mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                       G * K, K, BKC, BV, BR, RC, False, ACC, NS)
-        y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+                       a, u, B_row, 1.0, seed, tl.load(folded_ptr + slot) + cur + 1,
+                       (layer * H + i_h).to(tl.int64) * (V * K), G * K, H * V, H, K, FBKC if FBKC > 0 else BKC,
+                       BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -307,7 +311,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     out = output_tensor(out, (Bn, H, P), x, lv.device)
     if Bn == 0:
         return out
-    method, kn = decode_plan("mamba2", lv.rc_mode, Bn, H, N, method,
+    method, kn = decode_plan("mamba2", lv.rc_mode, Bn, H, P, N, method,
                              dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
                                   flush_block_k=flush_block_k))
     block_v, block_k, num_warps, stages, flush_block_k = (kn[n] for n in ("block_v", "block_k", "num_warps", "stages",
