@@ -200,15 +200,17 @@ SPLIT_TUNED = {
 
 def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dv: int, Dk: int, method, knobs: dict):
     """The decode method and block knobs a wrapper uses. method None picks "split" where it measured
-    faster (a read copy, or KDA) on a grid large enough to fill the GPU (batch * heads >= 1024), else
+    faster (a read copy, or KDA) on a grid large enough to fill the GPU (batch * heads >= 1024) and
+    the tuned block_v divides head_v_dim (Nemotron-Nano's 80 value rows: fused measured as fast), else
     "fused". A split decode with none of the knobs set gets SPLIT_TUNED's configuration (block_v
     halved until it divides head_v_dim, so no tile is mostly padding; block_k capped at head_k_dim;
     the whole-row flush is flush_block_k = head_k_dim)."""
-    if method is None:
-        split = (rc_mode != RC_NONE or family == "kda") and batch * heads >= 1024 and rc_mode != RC_NVFP4
+    tuned = SPLIT_TUNED.get((family, rc_mode))
+    if method is None:  # (the tuned blocks measured best only where they divide the value rows)
+        split = ((rc_mode != RC_NONE or family == "kda") and batch * heads >= 1024 and rc_mode != RC_NVFP4
+                 and (tuned is None or Dv % tuned[0] == 0))
         method = "split" if split else "fused"
     check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")
-    tuned = SPLIT_TUNED.get((family, rc_mode))
     if method == "split" and tuned is not None and all(v is None for v in knobs.values()):
         bv, bk, nw, ns, whole = tuned
         while bv > 16 and Dv % bv:
