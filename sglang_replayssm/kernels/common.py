@@ -188,33 +188,30 @@ def flush_launch_warps(flush_warps, num_warps: int) -> int:
     return flush_warps or max(num_warps, 4)
 
 
-# The split decode's block configuration measured best on the H200 at batch 256 (bench/README.md,
-# "Decode methods"): (block_v, block_k, num_warps, stages, whole-row flush), per family and read copy.
+# Where the split decode measured faster than the fused one on the H200 (batch 256; bench/README.md,
+# "Decode methods"), its best blocks: (block_v, block_k, num_warps, stages, whole-row flush), per
+# (family, read copy) or, where the value rows call for other blocks, (family, read copy, head_v_dim).
 SPLIT_TUNED = {
     ("gdn", RC_FP8): (32, 64, 1, 2, True),
     ("mamba2", RC_FP8): (64, 128, 4, None, True),
+    ("mamba2", RC_NONE, 80): (16, 32, 1, None, False),   # Nemotron-Nano: 80 value rows per head
+    ("mamba2", RC_FP8, 80): (32, 32, 1, None, False),
     ("kda", RC_NONE): (64, 128, 4, None, True),
     ("kda", RC_FP8): (64, 128, 4, None, True),
 }
 
 
 def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dv: int, Dk: int, method, knobs: dict):
-    """The decode method and block knobs a wrapper uses. method None picks "split" where it measured
-    faster (a read copy, or KDA) on a grid large enough to fill the GPU (batch * heads >= 1024) and
-    the tuned block_v divides head_v_dim (Nemotron-Nano's 80 value rows: fused measured as fast), else
-    "fused". A split decode with none of the knobs set gets SPLIT_TUNED's configuration (block_v
-    halved until it divides head_v_dim, so no tile is mostly padding; block_k capped at head_k_dim;
-    the whole-row flush is flush_block_k = head_k_dim)."""
-    tuned = SPLIT_TUNED.get((family, rc_mode))
-    if method is None:  # (the tuned blocks measured best only where they divide the value rows)
-        split = ((rc_mode != RC_NONE or family == "kda") and batch * heads >= 1024 and rc_mode != RC_NVFP4
-                 and (tuned is None or Dv % tuned[0] == 0))
-        method = "split" if split else "fused"
+    """The decode method and block knobs a wrapper uses. method None picks "split" where SPLIT_TUNED
+    has an entry and the grid fills the GPU (batch * heads >= 1024), else "fused". A split decode
+    with none of the knobs set gets the tuned blocks (block_k capped at head_k_dim; the whole-row
+    flush is flush_block_k = head_k_dim)."""
+    tuned = SPLIT_TUNED.get((family, rc_mode, Dv), SPLIT_TUNED.get((family, rc_mode)))
+    if method is None:
+        method = "split" if tuned is not None and batch * heads >= 1024 else "fused"
     check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")
     if method == "split" and tuned is not None and all(v is None for v in knobs.values()):
         bv, bk, nw, ns, whole = tuned
-        while bv > 16 and Dv % bv:
-            bv //= 2
         knobs = dict(knobs, block_v=bv, block_k=chunk_k(Dk, min(bk, Dk)), num_warps=nw, stages=ns,
                      flush_block_k=Dk if whole else None)
     return method, knobs
