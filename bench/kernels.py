@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import os
 import sys
 import time
@@ -356,7 +355,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--geos", default="all")
     ap.add_argument("--batches", default="1,64,256,512")
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="only the library's default blocks (no alternatives)")
+    ap.add_argument("--plot", default=None, metavar="JSON", help="only redraw kernels.png (beside the JSON) from it")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--sweep", action="store_true",
                     help="instead of the comparison: time decode (fp32, fp8 read copy) and verify alone (T = 4, 8)"
@@ -370,6 +370,10 @@ def main():
     ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
                     "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS")
     args = ap.parse_args()
+    if args.plot:
+        with open(args.plot) as fh:
+            plot(os.path.dirname(os.path.abspath(args.plot)), json.load(fh))
+        return 0
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     if args.sweep:
@@ -575,26 +579,43 @@ def summary():
         print(g, {k: (round(v, 4) if v else None) for k, v in vals.items()})
 
 
-def plot(out):
+def plot(out, results=None):
+    """kernels.png in `out`: ms per step per geometry and kernel, lines over the batch sizes, or (one
+    batch size) grouped bars labelled with GB/s."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = RESULTS["rows"]
-    fig, axes = plt.subplots(1, len(GEOMS), figsize=(5 * len(GEOMS), 4.5))
-    kinds = ["hbm_limit_replay_state_only", "ours_conventional", "sglang_conventional", "sglang_replayssm",
+    rows = (results or RESULTS)["rows"]
+    kinds = ["hbm_limit_replay_state_only", "sglang_conventional", "ours_conventional", "sglang_replayssm",
              "ours_replay_fp32", "ours_replay_fp8"]
-    for ax, geo in zip(axes, GEOMS):
-        for k in kinds:
-            pts = sorted((r["B"], r["ms"]) for r in rows if r["geo"] == geo["name"] and r["kernel"] == k and r["ms"])
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=k)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(geo["name"])
-        ax.set_xlabel("batch")
-        ax.set_ylabel("ms / step (window avg)")
+    geos = [g["name"] for g in GEOMS if any(r["geo"] == g["name"] for r in rows)]
+    batches = sorted({r["B"] for r in rows})
+    fig, axes = plt.subplots(1, len(geos), figsize=(5 * len(geos), 4.5), squeeze=False)
+    for ax, geo in zip(axes[0], geos):
+        if len(batches) == 1:
+            vals = [next((r for r in rows if r["geo"] == geo and r["kernel"] == k and r.get("ms")), None)
+                    for k in kinds]
+            xs = [i for i, r in enumerate(vals) if r]
+            bars = ax.bar(xs, [vals[i]["ms"] for i in xs], color=[f"C{i}" for i in xs])
+            for bar, i in zip(bars, xs):
+                ax.annotate(f"{vals[i]['ms']:.3f}\n{vals[i].get('GBps') or 0:.0f} GB/s",
+                            (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=6)
+            ax.set_xticks(range(len(kinds)))
+            ax.set_xticklabels([k.replace("hbm_limit_replay_state_only", "HBM limit").replace("_", "\n", 1)
+                                for k in kinds], fontsize=6)
+            ax.set_ylabel(f"ms / step at B = {batches[0]} (window avg)")
+        else:
+            for k in kinds:
+                pts = sorted((r["B"], r["ms"]) for r in rows if r["geo"] == geo and r["kernel"] == k and r["ms"])
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=k)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch")
+            ax.set_ylabel("ms / step (window avg)")
+            ax.legend(fontsize=7)
+        ax.set_title(geo)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "kernels.png"), dpi=110)
 

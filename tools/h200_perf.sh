@@ -9,6 +9,9 @@
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
 #   sweep-others   the same for Mamba-2 Super and KDA
 #   sweep-all      a smaller grid for all three families in one call (G, VER_GDN, VER_M2, G_KDA, VER_KDA; LIM_*)
+#   profile        bench/profile_kernels.py: each kernel's GPU time per decode / verify step (CASES)
+#   final          the comparison at B = 256 of all five geometries at the library's defaults (--quick), with
+#                  the GPU correctness checks, then bench/read_ceiling.py
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
 #   e2e            bench/e2e.py at B = 256: fused non-SSM kernels off and on; DECODE_METHOD (fused) and
 #                  VERIFY_METHOD (split) pick the SSM kernel variants: set them from the sweep's winners
@@ -17,7 +20,7 @@
 set -uo pipefail
 PY=${PY:-python3}
 OUT=${OUT:?set OUT}
-PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, kernels, e2e, e2e-stages)}
+PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, profile, final, kernels, e2e, e2e-stages)}
 LIMIT=${LIMIT:-560}
 # a focused grid (each config compiles once, ~2-4 s): decode BVxBKxWARPS[xSTAGES[xFLUSH_BK]], verify BVxBKxWARPS
 DEC=${DEC:-32x32x1,32x32x2,64x32x2,64x32x4,32x64x1x0x32,32x128x2x0x32,32x32x1x2,32x32x2x3}
@@ -43,6 +46,12 @@ case $PART in
     timeout "${LIM_KDA:-110}" $PY bench/kernels.py --sweep --geos kda_32h \
       --sweep-decode "${G_KDA:-32x32x1,32x32x2,16x128x2x0x128,32x128x4x0x128,32x32x1x2}" \
       --sweep-verify "${VER_KDA:-32x16x4,16x16x2}" --out "$OUT/kda" ;;
+  profile)
+    timeout "$LIMIT" $PY bench/profile_kernels.py --out "$OUT" ${CASES:+--cases "$CASES"} ;;
+  final)
+    timeout "${LIM_FINAL:-215}" $PY bench/kernels.py --quick --batches 256 --out "$OUT" \
+      --geos gdn_qwen35_4b,mamba2_nemotron3_super,gdn_qwen35_122b,mamba2_nemotron3_nano4b,kda_32h
+    timeout 40 $PY bench/read_ceiling.py --out "$OUT" ;;
   kernels)
     timeout "$LIMIT" $PY bench/kernels.py --geos gdn_qwen35_4b,mamba2_nemotron3_super,kda_32h --batches 256 \
       --out "$OUT" ;;
