@@ -489,7 +489,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     out = output_tensor(out, (B, T, H, Dv), v, lv.device)
     if B == 0:
         return out
-    BV = block_v or 16
+    BV = block_v or 32  # the H200 sweep: 32 value rows, 16-column chunks, 4 warps (bench/README.md)
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
     _kda_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias, parents if parents is not None else slots, out,
