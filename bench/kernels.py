@@ -356,7 +356,7 @@ def main():
     ap.add_argument("--geos", default="all")
     ap.add_argument("--batches", default="1,64,256,512")
     ap.add_argument("--quick", action="store_true", help="only the library's default blocks (no alternatives)")
-    ap.add_argument("--plot", default=None, metavar="JSON", help="only redraw kernels.png (beside the JSON) from it")
+    ap.add_argument("--plot", default=None, metavar="JSON", help="only redraw the plot of a results JSON (JSON name .png, beside it)")
     ap.add_argument("--skip-checks", action="store_true")
     ap.add_argument("--sweep", action="store_true",
                     help="instead of the comparison: time decode (fp32, fp8 read copy) and verify alone (T = 4, 8)"
@@ -372,7 +372,8 @@ def main():
     args = ap.parse_args()
     if args.plot:
         with open(args.plot) as fh:
-            plot(os.path.dirname(os.path.abspath(args.plot)), json.load(fh))
+            plot(os.path.dirname(os.path.abspath(args.plot)), json.load(fh),
+                 os.path.splitext(os.path.basename(args.plot))[0] + ".png")
         return 0
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -579,8 +580,8 @@ def summary():
         print(g, {k: (round(v, 4) if v else None) for k, v in vals.items()})
 
 
-def plot(out, results=None):
-    """kernels.png in `out`: ms per step per geometry and kernel, lines over the batch sizes, or (one
+def plot(out, results=None, name="kernels.png"):
+    """`name` in `out`: ms per step per geometry and kernel, lines over the batch sizes, or (one
     batch size) grouped bars labelled with GB/s."""
     import matplotlib
     matplotlib.use("Agg")
@@ -617,7 +618,7 @@ def plot(out, results=None):
         ax.set_title(geo)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "kernels.png"), dpi=110)
+    fig.savefig(os.path.join(out, name), dpi=110)
 
 
 if __name__ == "__main__":

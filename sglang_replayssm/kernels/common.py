@@ -194,8 +194,7 @@ def flush_launch_warps(flush_warps, num_warps: int) -> int:
 SPLIT_TUNED = {
     ("gdn", RC_FP8): (32, 64, 1, 2, True),
     ("mamba2", RC_FP8): (64, 128, 4, None, True),
-    ("mamba2", RC_NONE, 80): (16, 32, 1, None, False),   # Nemotron-Nano: 80 value rows per head
-    ("mamba2", RC_FP8, 80): (32, 32, 1, None, False),
+    ("mamba2", RC_FP8, 80): (32, 32, 1, None, False),     # Nemotron-Nano: 80 value rows per head
     ("kda", RC_NONE): (64, 128, 4, None, True),
     ("kda", RC_FP8): (64, 128, 4, None, True),
 }
@@ -388,6 +387,28 @@ def replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_
 
 
 @triton.jit
+def _loop_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt, gtot,
+                      alpha, dcur, k_row, rk, RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr,
+                      K: tl.constexpr, HAS_CUR: tl.constexpr):
+    """_new_state_chunk by rank-1 fp32 FMA updates, one record at a time: few registers and no shared
+    memory, but two dependent loads per record (fold_store DOT=False)."""
+    rows = head_rows + o_v
+    S = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
+    S = S * tl.exp(gtot)
+    cum = gtot * 0.0
+    for j in range(cnt):
+        cum += tl.load(recg_base + j * RGS)
+        dj = tl.load(recd_base + j * RDS + o_v, mask=mask_v, other=0.0).to(tl.float32) * tl.exp(gtot - cum)
+        kj = tl.load(reck_base + j * RKS + o_kc).to(tl.float32)
+        S += dj[:, None] * kj[None, :]
+    S = alpha * S
+    if HAS_CUR:
+        kc = tl.load(k_row + o_kc).to(tl.float32) * rk
+        S = S + dcur[:, None] * kc[None, :]
+    return S
+
+
+@triton.jit
 def weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, RDS: tl.constexpr, RGS: tl.constexpr,
                      BR: tl.constexpr):
     """Records 0..cnt-1 of one head as one tile: d_j w_j [BR, BV] (rows o_v; w_j = exp(gtot - sum_{i<=j} g_i),
@@ -465,13 +486,32 @@ def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v
                RKS: tl.constexpr, RDS: tl.constexpr, RGS: tl.constexpr, K: tl.constexpr,
                BKC: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
                RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_CUR: tl.constexpr,
-               INTERPRET: tl.constexpr):
+               INTERPRET: tl.constexpr, DOT: tl.constexpr = True):
     """Write the folded state S = alpha*(S0 exp(gtot) + sum_j w_j d_j k_j^T) (+ dcur k^T) of rows
     o_v of one head: checkpoint (fp32, or fp16 with stochastic rounding) and the read copy: fp8
     (per-row scales) or NVFP4 (the per-head global scale needs the whole head in this program:
     BV >= Dv). Reads S0 from the fp32/fp16 checkpoint. A quantized read copy needs the rows' maxima
-    first: with whole rows in one chunk (BKC == K) the state is formed once, else in two passes."""
+    first: with whole rows in one chunk (BKC == K) the state is formed once, else in two passes.
+    DOT False: the records' sum by per-record FMA updates (_loop_state_chunk) instead of one
+    tensor-core dot: fewer registers and no shared memory where the fold shares a kernel with the
+    non-flush rows (the fused Mamba-2 decode), at a serial chain of loads per record."""
     rows = head_rows + o_v
+    if not DOT:
+        amax = tl.zeros([BV], dtype=tl.float32)
+        if RC != 0:
+            for c in range(K // BKC):
+                o_kc = c * BKC + tl.arange(0, BKC)
+                S = _loop_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
+                                      gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
+                amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
+        sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
+        for c in range(K // BKC):
+            o_kc = c * BKC + tl.arange(0, BKC)
+            S = _loop_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt,
+                                  gtot, alpha, dcur, k_row, rk, RKS, RDS, RGS, K, HAS_CUR)
+            store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
+                              idx_base, K, BKC, BV, RC, CKPT_SR, SHARED, INTERPRET)
+        return
     Dw, o_r, mr = weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, RDS, RGS, BR)
     if RC != 0 and BKC == K:
         o_k = tl.arange(0, K)

@@ -59,7 +59,7 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
                    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
                    CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
-                   ACC: tl.constexpr, FBKC: tl.constexpr, NS: tl.constexpr):
+                   ACC: tl.constexpr, FBKC: tl.constexpr, NS: tl.constexpr, FOLD_DOT: tl.constexpr):
     """The body of _m2_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, G, V, BV, BR)
@@ -106,7 +106,7 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
                        recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                        a, u, B_row, 1.0, seed, tl.load(folded_ptr + slot) + cur + 1,
                        (layer * H + i_h).to(tl.int64) * (V * K), G * K, H * V, H, K, FBKC if FBKC > 0 else BKC,
-                       BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET)
+                       BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET, FOLD_DOT)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -132,12 +132,12 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
             _m2_decode_row(tl.load(frows_ptr + j), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                            out_ptr, slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                            reck_ptr, recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED,
-                           HAS_Z, INTERPRET, ACC, FBKC, NS)
+                           HAS_Z, INTERPRET, ACC, FBKC, NS, True)
     else:
         _m2_decode_row(tl.program_id(2), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
                        slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
                        recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED, HAS_Z,
-                       INTERPRET, ACC, FBKC, NS)
+                       INTERPRET, ACC, FBKC, NS, False)
 
 
 @triton.jit

@@ -71,9 +71,9 @@ def test_decode_plan_picks_the_measured_method_and_config():
     assert m == "split" and kn == dict(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128)
     m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 128, 64, 32, None, none)
     assert m == "split" and kn["block_v"] == 64 and kn["block_k"] == 32 and kn["flush_block_k"] == 32
-    # Nemotron-Nano's 80 value rows: its own entries, fp32 included
+    # Nemotron-Nano's 80 value rows: its own blocks for the fp8 read copy; fp32 runs fused
     assert common.decode_plan("mamba2", common.RC_FP8, 256, 96, 80, 128, None, none)[1]["block_v"] == 32
-    assert common.decode_plan("mamba2", common.RC_NONE, 256, 96, 80, 128, None, none)[1]["block_v"] == 16
+    assert common.decode_plan("mamba2", common.RC_NONE, 256, 96, 80, 128, None, none) == ("fused", none)
     # fp32 GDN / Mamba-2, small grids and NVFP4: fused, knobs untouched
     for fam, rc, b in (("gdn", common.RC_NONE, 256), ("mamba2", common.RC_NONE, 256), ("gdn", common.RC_FP8, 8),
                        ("kda", common.RC_NVFP4, 256)):
