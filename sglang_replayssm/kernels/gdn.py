@@ -13,12 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (decode_plan, flush_list, flush_tiles, fold_tile_store, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
-                     flush_launch_warps,
-                     chunk_k, default_warps, delta_solve, draft_chunk, draft_inv_norms,
-                     draft_structure, fold_store, gram_update, LayerViews, load_records,
-                     load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
-                     ring_program, ring_row, softplus, state_tile, store_draft_d)
+from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, decode_plan,
+                     default_warps, delta_solve, draft_chunk, draft_inv_norms, draft_structure, flush_launch_warps,
+                     flush_list, flush_tiles, fold_store, fold_tile_store, gram_update, INTERPRET, join_stream,
+                     LayerViews, load_records, load_state_chunk, next_pow2, on_stream, output_tensor,
+                     record_key_products, replay_pass, ring_program, ring_row, side_stream, softplus, state_tile,
+                     store_draft_d)
 from . import common
 
 L2_EPS = 1e-6
@@ -132,8 +132,8 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        EPS: tl.constexpr, INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0,
                        NS: tl.constexpr = None, NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every NFP-th
-    (the split decode runs the other rows through _gdn_decode_prep_kernel + _gdn_decode_read_kernel)."""
+    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every
+    NFP-th (the split decode runs the other rows through _gdn_decode_prep_kernel + _gdn_decode_read_kernel)."""
     if FLUSH_ONLY:
         for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
             _gdn_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
@@ -201,7 +201,8 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
                                      mask_v, q_ptr + (i_b * HK + i_hk) * K, k_ptr + (i_b * HK + i_hk) * K,
                                      tl.load(p + 2 * BR + 1), tl.load(p + 2 * BR + 2), recd_ptr, o_r, mask_r,  # no keys read
                                      HK * K, K, BKC, BV, BR, RC, True, ACC, NS, False)
-    d, o = _gdn_out(sq0, sk0, tl.load(p + o_r), tl.load(p + BR + o_r), alpha, gam, Dr, w, beta, vv, tl.load(p + 2 * BR))
+    d, o = _gdn_out(sq0, sk0, tl.load(p + o_r), tl.load(p + BR + o_r), alpha, gam, Dr, w, beta, vv,
+                    tl.load(p + 2 * BR))
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
     if i_v == 0:

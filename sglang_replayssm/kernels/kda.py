@@ -12,11 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (decode_plan, flush_list, join_stream, on_stream, side_stream, FOLD_PREC, INTERPRET, check, check_flush_block_k, check_slots, check_stages,
-                     check_tensor, flush_launch_warps, chunk_k, default_warps, delta_solve, draft_chunk,
-                     draft_inv_norms, draft_structure, LayerViews, load_state_chunk, next_pow2,
-                     output_tensor, read_copy_scales, ring_program, ring_row, softplus, store_draft_d,
-                     store_state_chunk)
+from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, decode_plan,
+                     default_warps, delta_solve, draft_chunk, draft_inv_norms, draft_structure, flush_launch_warps,
+                     flush_list, FOLD_PREC, INTERPRET, join_stream, LayerViews, load_state_chunk, next_pow2,
+                     on_stream, output_tensor, read_copy_scales, ring_program, ring_row, side_stream, softplus,
+                     store_draft_d, store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -153,8 +153,8 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        EPS: tl.constexpr, INTERPRET: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
                        NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every NFP-th
-    (the split decode runs the other rows through _kda_decode_prep_kernel + _kda_decode_read_kernel)."""
+    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every
+    NFP-th (the split decode runs the other rows through _kda_decode_prep_kernel + _kda_decode_read_kernel)."""
     if FLUSH_ONLY:
         for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
             _kda_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,

@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (decode_plan, flush_list, flush_tiles, fold_tile_store, join_stream, on_stream, side_stream, INTERPRET, check, check_flush_block_k, check_slots, check_stages, check_tensor,
-                     flush_launch_warps,
-                     chunk_k, default_warps, draft_structure, fold_store, LayerViews, load_records,
-                     load_state_chunk, next_pow2, output_tensor, record_key_products, replay_pass,
-                     ring_program, ring_row, softplus, state_tile)
+from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, decode_plan,
+                     default_warps, draft_structure, flush_launch_warps, flush_list, flush_tiles, fold_store,
+                     fold_tile_store, INTERPRET, join_stream, LayerViews, load_records, load_state_chunk, next_pow2,
+                     on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
+                     side_stream, softplus, state_tile)
 
 
 @triton.jit
@@ -125,8 +125,8 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
                       NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every NFP-th
-    (the split decode runs the other rows through _m2_decode_prep_kernel + _m2_decode_read_kernel)."""
+    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every
+    NFP-th (the split decode runs the other rows through _m2_decode_prep_kernel + _m2_decode_read_kernel)."""
     if FLUSH_ONLY:
         for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
             _m2_decode_row(tl.load(frows_ptr + j), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
