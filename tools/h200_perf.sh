@@ -13,8 +13,8 @@
 #   final          the comparison at B = 256 of all five geometries at the library's defaults (--quick), with
 #                  the GPU correctness checks, then bench/read_ceiling.py
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
-#   e2e            bench/e2e.py at B = 256: fused non-SSM kernels off and on; DECODE_METHOD (fused) and
-#                  VERIFY_METHOD (split) pick the SSM kernel variants: set them from the sweep's winners
+#   e2e            bench/e2e.py at B = 256, fused non-SSM kernels on, one model per run (MODELS, both by
+#                  default) at the library's kernel defaults; DECODE_METHOD / VERIFY_METHOD override them
 #   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
 # Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
 set -uo pipefail
@@ -56,8 +56,11 @@ case $PART in
     timeout "$LIMIT" $PY bench/kernels.py --geos gdn_qwen35_4b,mamba2_nemotron3_super,kda_32h --batches 256 \
       --out "$OUT" ;;
   e2e)
-    timeout "$LIMIT" $PY bench/e2e.py --batches 256 --decode-method "${DECODE_METHOD:-fused}" \
-      --verify-method "${VERIFY_METHOD:-split}" --out "$OUT/e2e.json" ;;
+    for m in ${MODELS:-qwen3.5-4b nemotron-3-nano-4b}; do
+      timeout "${LIM_E2E:-250}" $PY bench/e2e.py --models "$m" --batches 256 --fused on \
+        ${DECODE_METHOD:+--decode-method "$DECODE_METHOD"} ${VERIFY_METHOD:+--verify-method "$VERIFY_METHOD"} \
+        --out "$OUT/e2e_b256_$m.json"
+    done ;;
   e2e-stages)
     timeout "$LIMIT" $PY bench/e2e.py --batches 256 --fused on --modes conventional replay replay-fp8 \
       --decode-stages "${STAGES:-2}" --decode-method split --verify-method split --out "$OUT/e2e_stages.json" ;;
