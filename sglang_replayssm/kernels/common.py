@@ -627,6 +627,16 @@ def flush_list(slots, cursor, window: int):
     return rows, count, min(B, max(1, 2 * triton.cdiv(B, window)))
 
 
+def decode_launch_rows(method: str, slots, lv, num_warps: int, flush_warps):
+    """The row axis of a decode wrapper's main launch: every batch row for "fused"; for "split" only
+    the flush rows (flush_list), with the flush launch's warps (flush_launch_warps) and the side stream
+    it runs on beside the prep + read launches. Returns (frows, nflush, NFP, grid rows, warps, stream)."""
+    if method != "split":
+        return slots, slots, 1, int(slots.shape[0]), num_warps, None
+    frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
+    return frows, nflush, nfp, nfp, flush_launch_warps(flush_warps, num_warps), side_stream(lv.device)
+
+
 _SIDE_STREAMS: dict = {}
 
 

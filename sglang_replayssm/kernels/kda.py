@@ -12,11 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, decode_plan,
-                     default_warps, delta_solve, draft_chunk, draft_inv_norms, draft_structure, flush_launch_warps,
-                     flush_list, FOLD_PREC, INTERPRET, join_stream, LayerViews, load_state_chunk, next_pow2,
-                     on_stream, output_tensor, read_copy_scales, ring_program, ring_row, side_stream, softplus,
-                     store_draft_d, store_state_chunk)
+from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
+                     decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
+                     draft_structure, FOLD_PREC, INTERPRET, join_stream, LayerViews, load_state_chunk, next_pow2,
+                     on_stream, output_tensor, read_copy_scales, ring_program, ring_row, softplus, store_draft_d,
+                     store_state_chunk)
 from . import common
 
 L2_EPS = 1e-6
@@ -438,15 +438,10 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, Dk)
-    side = None
-    if method == "split":  # this launch only does the flush rows' work (sized for the fold), beside the others
-        frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
-        nw = flush_launch_warps(flush_warps, nw)
-        side = side_stream(lv.device)
-    else:
-        frows, nflush, nfp = slots, slots, 1
+    # split: this launch only does the flush rows' work (sized for the fold), beside the others
+    frows, nflush, nfp, rows, nw, side = decode_launch_rows(method, slots, lv, nw, flush_warps)
     with on_stream(side):
-        grid = (triton.cdiv(Dv, BV), H, nfp if method == "split" else B)
+        grid = (triton.cdiv(Dv, BV), H, rows)
         _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
                                  lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
                                  H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,

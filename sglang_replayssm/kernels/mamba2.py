@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, decode_plan,
-                     default_warps, draft_structure, flush_launch_warps, flush_list, flush_tiles, fold_store,
+from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
+                     decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
                      fold_tile_store, INTERPRET, join_stream, LayerViews, load_records, load_state_chunk, next_pow2,
-                     on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
-                     side_stream, softplus, state_tile)
+                     on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row, softplus,
+                     state_tile)
 
 
 @triton.jit
@@ -324,20 +324,15 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, N)
-    side = None
-    if method == "split":  # this launch only does the flush rows' work (sized for the fold), beside the others
-        frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
-        nw = flush_launch_warps(flush_warps, nw)
-        side = side_stream(lv.device)
-    else:
-        frows, nflush, nfp = slots, slots, 1
+    # split: this launch only does the flush rows' work (sized for the fold), beside the others
+    frows, nflush, nfp, rows, nw, side = decode_launch_rows(method, slots, lv, nw, flush_warps)
     with on_stream(side):
-        grid = (triton.cdiv(P, BV), H, nfp if method == "split" else Bn)
+        grid = (triton.cdiv(P, BV), H, rows)
         _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
                                 lv.cursor, lv.folded, frows, nflush, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
                                 lv.rec_g, lv.seed, lv.layer,
                                 H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
-                                BKC=block_k or chunk_k(N), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                                BKC=block_k or chunk_k(N), BR=BR, RC=lv.rc_mode,
                                 CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
                                 INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
                                 NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
