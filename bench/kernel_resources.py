@@ -189,6 +189,11 @@ def make_inputs(geo, B, T=None, dtype=torch.bfloat16):
                 b=r(*lead, H), A_log=torch.zeros(H), dt_bias=torch.zeros(H, Dk) if kda else torch.zeros(H))
 
 
+# the blocks the fourth H200 run sweeps (tools/h200_perf.sh PART=sweep-verify), besides the defaults
+FOLD_CONFIGS = ((32, 128, 4), (64, 128, 4), (32, 64, 4), (64, 128, 8), (16, 128, 2))
+MMA_VERIFY_CONFIGS = ((32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 8), (32, 128, 8))
+
+
 def cases(geos, batch, quick=False):
     """(geometry, label, callable) for every kernel configuration the benchmarks time
     (quick: one configuration per kernel and variant, for the CI check that everything compiles)."""
@@ -221,15 +226,21 @@ def cases(geos, batch, quick=False):
                                                                    flush_block_k=geo["Dk"])
             counts = torch.full((batch,), 3, dtype=torch.int32)
             yield name, f"fold {label}", lambda mod=mod, pool=pool, counts=counts: mod.fold(pool, 0, slots, counts)
+            for bv, bk, nw in () if quick or label != "fp32" else FOLD_CONFIGS:
+                yield name, f"fold {label} bv{bv} bk{bk} w{nw}", \
+                    lambda mod=mod, pool=pool, counts=counts, bv=bv, bk=bk, nw=nw: \
+                    mod.fold(pool, 0, slots, counts, block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw)
         pool = make_pool(geo, nslots=batch)
         for T in (4,) if quick else (1, 4, 8):
             inp_t = make_inputs(geo, batch, T=T)
-            methods = ("fma", "mma", "split") if geo["family"] == "gdn" else ("fma",)
+            methods = {"gdn": ("fma", "mma", "split"), "mamba2": ("fma", "mma"), "kda": ("fma", "mma")}[geo["family"]]
             for method in methods:
-                kw = {"method": method} if geo["family"] == "gdn" else {}
-                yield name, f"verify T{T} {method} bv32 bk16 w4", \
-                    lambda mod=mod, pool=pool, inp_t=inp_t, kw=kw: \
-                    mod.verify(pool, 0, slots, **inp_t, block_v=32, block_k=16, num_warps=4, **kw)
+                kw = {"method": method}
+                cfgs = ((32, 16, 4),) + (() if quick or method != "mma" else MMA_VERIFY_CONFIGS)
+                for bv, bk, nw in cfgs:
+                    yield name, f"verify T{T} {method} bv{bv} bk{bk} w{nw}", \
+                        lambda mod=mod, pool=pool, inp_t=inp_t, kw=kw, bv=bv, bk=bk, nw=nw: \
+                        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw, **kw)
     yield from native_cases(batch, quick)
 
 

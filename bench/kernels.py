@@ -255,7 +255,7 @@ def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method=None):
     counts = torch.zeros(B, dtype=torch.int32, device=DEV)
     steps = []
 
-    kw = {"method": method} if geo["family"] == "gdn" and method else {}
+    kw = {"method": method} if method else {}
     if cfg is not None:  # None: the library's defaults
         kw.update(block_v=cfg[0], block_k=cfg[1], num_warps=cfg[2])
 
@@ -307,14 +307,15 @@ def gpu_checks():
                        rel_err_ckpt=ck)
             if hasattr(km, "verify"):
                 try:
-                    for tree, T in ((False, 4), (True, 4), (False, 2)):  # default methods: T >= 4 mma (GDN)
+                    for tree, T, vm in [(False, 4, None), (True, 4, None), (False, 2, None)] + [
+                            (tree, 4, m) for m in verify_methods(geo) for tree in (False, True)]:
                         inp = make_inputs(geo, 6, T=T)
                         inp = {k: (v.float() if v.dtype == ACT else v) for k, v in inp.items()}
                         par = torch.tensor([[-1, 0, 0, 1]] * 6, dtype=torch.int32, device=DEV) if tree else None
                         pr.cursor.copy_(pk.cursor)
-                        o1 = km.verify(pk, 0, slots, **inp, parents=par)
+                        o1 = km.verify(pk, 0, slots, **inp, parents=par, **({"method": vm} if vm else {}))
                         o2 = rm.verify(pr, 0, slots, **inp, parents=par)
-                        row[f"max_rel_err_verify_T{T}_{'tree' if tree else 'chain'}"] = (
+                        row[f"max_rel_err_verify_T{T}_{'tree' if tree else 'chain'}" + (f"_{vm}" if vm else "")] = (
                             (o1[:-1].double() - o2[:-1].double()).norm() / o2[:-1].double().norm()).item()
                 except Exception as e:  # noqa: BLE001
                     row["verify_error"] = repr(e)[:200]
@@ -368,7 +369,13 @@ def main():
                     help="decode configs BVxBKxWARPS[xSTAGES[xFLUSH_BK]] (STAGES: software-pipelined state loop; "
                          "FLUSH_BK: column chunk of flush rows; 0 = default)")
     ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
-                    "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS")
+                    "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS[xSTAGES] (STAGES: mma launches only)")
+    ap.add_argument("--sweep-verify-methods", default=None,
+                    help="verify methods to sweep, comma-separated (default: fma,mma,split for GDN, fma,mma for "
+                         "Mamba-2 and KDA)")
+    ap.add_argument("--sweep-fold", default="",
+                    help="commit fold configs BVxBKxWARPS (the fold after a verify of T = 8 with every draft "
+                         "accepted: half the rows fold)")
     args = ap.parse_args()
     if args.plot:
         with open(args.plot) as fh:
@@ -469,8 +476,10 @@ def main():
                 for T in range(1, 9):
                     inp_t = make_inputs(geo, B, T=T)
                     variants = [(None, None)]   # the library's defaults
-                    if B == 256 and T in (1, 4, 8) and geo["family"] == "gdn":
-                        variants += [(None, "fma"), (None, "mma"), ((16, 16, 2), "split")]
+                    if B == 256 and T in (1, 4, 8):
+                        variants += [(None, m) for m in verify_methods(geo) if m != "split"]
+                        if geo["family"] == "gdn":
+                            variants.append(((16, 16, 2), "split"))
                     for vcfg, method in variants:
                         steps, reset = run_verify_ours(geo, pool, slots, inp_t, T, vcfg, base, method)
                         ms = timed(bench_graph, steps, rep)
@@ -494,6 +503,12 @@ def main():
 
 def _configs(spec):
     return [tuple(int(v) for v in c.split("x")) for c in spec.split(",") if c]
+
+
+def verify_methods(geo, spec=None):
+    """The verify methods a family's wrapper has (spec: a comma-separated subset to keep)."""
+    have = {"gdn": ("fma", "mma", "split"), "mamba2": ("fma", "mma"), "kda": ("fma", "mma")}[geo["family"]]
+    return [m for m in have if spec is None or m in spec.split(",")]
 
 
 def sweep(args):
@@ -521,7 +536,7 @@ def sweep(args):
         slots = (torch.randperm(B, device=DEV) + 1).int()
         inp = make_inputs(geo, B)
         curs = cursor_sets(B, B, slots)
-        for rc in ("none", "fp8"):
+        for rc in ("none", "fp8") if args.sweep_decode else ():
             pool = make_pool(geo, B, read_copy=rc)
             nb = bytes_replay(geo, B, rc)
             for method in ("fused", "split"):
@@ -542,18 +557,36 @@ def sweep(args):
         for T in (4, 8):
             inp_t = make_inputs(geo, B, T=T)
             nb = B * (E * 4 + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
-            for method in (("fma", "mma", "split") if geo["family"] == "gdn" else ("fma",)):
-                kw = {"method": method} if geo["family"] == "gdn" else {}
+            for method in verify_methods(geo, args.sweep_verify_methods):
+                kw = {"method": method}
                 for cfg in _configs(args.sweep_verify):
-                    bv, bk, nw = cfg
+                    bv, bk, nw = cfg[:3]
+                    if len(cfg) > 3 and cfg[3] and method != "mma":
+                        continue   # stages: the mma launch's pipelining only
+                    kws = dict(kw, block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw,
+                               **({"stages": cfg[3]} if len(cfg) > 3 and cfg[3] else {}))
 
-                    def f(bv=bv, bk=bk, nw=nw, kw=kw, pool=pool):
+                    def f(kws=kws, pool=pool):
                         pool.cursor = base
-                        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=bk, num_warps=nw, **kw)
+                        mod.verify(pool, 0, slots, **inp_t, **kws)
                     ms = timed(bench_graph, [f] * L, 60)
                     record(geo=geo["name"], B=B, kernel=f"sweep_verify_T{T}_{method}", config=list(cfg), T=T,
-                           ms=ms, GBps=nb / ms / 1e6 if ms else None, note="bv{}_bk{}_w{}".format(*cfg))
+                           ms=ms, GBps=nb / ms / 1e6 if ms else None,
+                           note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else ""))
                 save()
+        cur = base[slots.long()] + 8
+        counts = torch.where(cur >= L, cur, torch.zeros_like(cur)).int()
+        nf = int((counts > 0).sum())
+        nb = nf * (E * 8 + 12 * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
+        for cfg in _configs(args.sweep_fold):
+            bv, bk, nw = cfg
+
+            def f(bv=bv, bk=bk, nw=nw, pool=pool):
+                mod.fold(pool, 0, slots, counts, block_v=bv, block_k=bk or None, num_warps=nw)
+            ms = timed(bench_graph, [f] * L, 60)
+            record(geo=geo["name"], B=B, kernel="sweep_fold_T8", config=list(cfg), ms=ms,
+                   GBps=nb / ms / 1e6 if ms else None, note="bv{}_bk{}_w{}".format(*cfg) + f" ({nf} rows fold)")
+        save()
         del pool
         torch.cuda.empty_cache()
     save()

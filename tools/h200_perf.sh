@@ -9,6 +9,7 @@
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
 #   sweep-others   the same for Mamba-2 Super and KDA
 #   sweep-all      a smaller grid for all three families in one call (G, VER_GDN, VER_M2, G_KDA, VER_KDA; LIM_*)
+#   sweep-verify   verify (T = 4, 8; GDN mma, Mamba-2 fma + mma) and commit-fold blocks (VM, FOLD), no decode
 #   profile        bench/profile_kernels.py: each kernel's GPU time per decode / verify step (CASES)
 #   final          the comparison at B = 256 of all five geometries at the library's defaults (--quick), with
 #                  the GPU correctness checks, then bench/read_ceiling.py
@@ -20,7 +21,7 @@
 set -uo pipefail
 PY=${PY:-python3}
 OUT=${OUT:?set OUT}
-PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, profile, final, kernels, e2e, e2e-stages)}
+PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, sweep-verify, profile, final, kernels, e2e, e2e-stages)}
 LIMIT=${LIMIT:-560}
 # a focused grid (each config compiles once, ~2-4 s): decode BVxBKxWARPS[xSTAGES[xFLUSH_BK]], verify BVxBKxWARPS
 DEC=${DEC:-32x32x1,32x32x2,64x32x2,64x32x4,32x64x1x0x32,32x128x2x0x32,32x32x1x2,32x32x2x3}
@@ -46,6 +47,16 @@ case $PART in
     timeout "${LIM_KDA:-110}" $PY bench/kernels.py --sweep --geos kda_32h \
       --sweep-decode "${G_KDA:-32x32x1,32x32x2,16x128x2x0x128,32x128x4x0x128,32x32x1x2}" \
       --sweep-verify "${VER_KDA:-32x16x4,16x16x2}" --out "$OUT/kda" ;;
+  sweep-verify)   # verify (T = 4, 8) and commit-fold blocks only, no decode: GDN mma, Mamba-2 fma + mma
+    VM=${VM:-32x16x2,32x16x4,16x16x2,64x16x4,32x32x2,32x32x4,64x32x4,32x64x4,32x128x4,32x16x4x1,32x16x4x2,32x32x4x2}
+    FOLD=${FOLD:-16x32x4,32x32x4,16x64x4,32x64x4,32x128x4,64x128x4,16x128x2,64x128x8,16x32x2,32x32x2}
+    mkdir -p "$OUT/gdn" "$OUT/mamba2" "$OUT/mamba2_fma"
+    timeout "${LIM_GDN:-230}" $PY bench/kernels.py --sweep --geos gdn_qwen35_4b --sweep-decode "" \
+      --sweep-verify "$VM" --sweep-verify-methods mma --sweep-fold "$FOLD" --out "$OUT/gdn"
+    timeout "${LIM_M2:-230}" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super --sweep-decode "" \
+      --sweep-verify "$VM" --sweep-verify-methods mma --sweep-fold "$FOLD" --out "$OUT/mamba2"
+    timeout "${LIM_M2F:-60}" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super --sweep-decode "" \
+      --sweep-verify "64x16x4" --sweep-verify-methods fma --out "$OUT/mamba2_fma" ;;
   profile)
     timeout "$LIMIT" $PY bench/profile_kernels.py --out "$OUT" ${CASES:+--cases "$CASES"} ;;
   final)

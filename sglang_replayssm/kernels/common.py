@@ -169,15 +169,27 @@ def check_stages(stages):
     return stages
 
 
-def check_flush_block_k(flush_block_k, Dk: int) -> int:
-    """The decode wrappers' `flush_block_k`: None (0 to the kernel: use block_k) or a power of 2
-    >= 16 dividing head_k_dim."""
-    if flush_block_k is None:
+def check_block_k(block_k, Dk: int, name: str = "block_k") -> int:
+    """A wrapper's column-chunk knob (`block_k`, `flush_block_k`): None (0: the wrapper's default) or
+    a power of 2 >= 16 dividing head_k_dim (a chunk that does not divide it would skip columns)."""
+    if block_k is None:
         return 0
-    check(isinstance(flush_block_k, int) and flush_block_k >= 16 and flush_block_k & (flush_block_k - 1) == 0
-          and Dk % flush_block_k == 0,
-          f"flush_block_k must be None or a power of 2 >= 16 dividing head_k_dim {Dk}, got {flush_block_k!r}")
-    return flush_block_k
+    check(isinstance(block_k, int) and block_k >= 16 and block_k & (block_k - 1) == 0 and Dk % block_k == 0,
+          f"{name} must be None or a power of 2 >= 16 dividing head_k_dim {Dk}, got {block_k!r}")
+    return block_k
+
+
+def launch_stages(stages) -> dict:
+    """The verify wrappers' `stages`: None (Triton's default software pipelining of the column loop) or
+    the launch's num_stages, 1 (none) to 4; returned as launch keyword arguments."""
+    check(stages is None or (isinstance(stages, int) and 1 <= stages <= 4),
+          f"stages must be None or an int in 1..4, got {stages!r}")
+    return {} if stages is None else {"num_stages": stages}
+
+
+def check_flush_block_k(flush_block_k, Dk: int) -> int:
+    """The decode wrappers' `flush_block_k` (check_block_k; 0 to the kernel: use block_k)."""
+    return check_block_k(flush_block_k, Dk, "flush_block_k")
 
 
 def flush_launch_warps(flush_warps, num_warps: int) -> int:
@@ -189,14 +201,15 @@ def flush_launch_warps(flush_warps, num_warps: int) -> int:
 
 
 # Where the split decode measured faster than the fused one on the H200 (batch 256; bench/README.md,
-# Kernels, "Third run"), its best blocks: (block_v, block_k, num_warps, stages, whole-row flush), per
-# (family, read copy) or, where the value rows call for other blocks, (family, read copy, head_v_dim).
+# Kernels, "Third run" and "Fourth run"), its best blocks: (block_v, block_k, num_warps, stages, whole-row
+# flush, flush launch warps or None), per (family, read copy) or, where the value rows call for other
+# blocks, (family, read copy, head_v_dim).
 SPLIT_TUNED = {
-    ("gdn", RC_FP8): (32, 64, 1, 2, True),
-    ("mamba2", RC_FP8): (64, 128, 4, None, True),
-    ("mamba2", RC_FP8, 80): (32, 32, 1, None, False),     # Nemotron-Nano: 80 value rows per head
-    ("kda", RC_NONE): (64, 128, 4, None, True),
-    ("kda", RC_FP8): (64, 128, 4, None, True),
+    ("gdn", RC_FP8): (32, 64, 1, 2, True, 2),
+    ("mamba2", RC_FP8): (32, 32, 1, None, True, 2),
+    ("mamba2", RC_FP8, 80): (32, 32, 1, None, False, None),     # Nemotron-Nano: 80 value rows per head
+    ("kda", RC_NONE): (64, 128, 4, None, True, None),
+    ("kda", RC_FP8): (64, 128, 4, None, True, None),
 }
 
 
@@ -210,10 +223,32 @@ def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dv: int, Dk: 
         method = "split" if tuned is not None and batch * heads >= 1024 else "fused"
     check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")
     if method == "split" and tuned is not None and all(v is None for v in knobs.values()):
-        bv, bk, nw, ns, whole = tuned
+        bv, bk, nw, ns, whole, fw = tuned
         knobs = dict(knobs, block_v=bv, block_k=chunk_k(Dk, min(bk, Dk)), num_warps=nw, stages=ns,
-                     flush_block_k=Dk if whole else None)
+                     flush_block_k=Dk if whole else None, flush_warps=fw)
+    check_block_k(knobs.get("block_k"), Dk)
     return method, knobs
+
+
+# Verify blocks (block_v, num_warps) per (family, method), from the H200 sweeps at batch 256 (bench/README.md,
+# Kernels, "Fourth run"): the tensor-core verify is fastest as one warp per 64-128 value rows (4 warps: 2-4x
+# slower).
+VERIFY_TUNED = {("gdn", "fma"): (32, 2), ("gdn", "mma"): (64, 1), ("gdn", "split"): (32, 2),
+                ("mamba2", "fma"): (64, 4), ("mamba2", "mma"): (64, 1), ("kda", "fma"): (32, 2), ("kda", "mma"): (128, 1)}
+
+
+def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple[int, int]:
+    """A launch's (block_v, num_warps): the given ones (validated), else the defaults."""
+    check(block_v is None or (isinstance(block_v, int) and block_v >= 16 and block_v & (block_v - 1) == 0),
+          f"block_v must be None or a power of 2 >= 16, got {block_v!r}")
+    check(num_warps is None or num_warps in (1, 2, 4, 8, 16),
+          f"num_warps must be None or a power of 2 in 1..16, got {num_warps!r}")
+    return block_v or default_v, num_warps or default_warps
+
+
+def verify_blocks(family: str, method: str, block_v, num_warps) -> tuple[int, int]:
+    """A verify launch's (block_v, num_warps): the given ones, else VERIFY_TUNED's."""
+    return block_knobs(block_v, num_warps, *VERIFY_TUNED[(family, method)])
 
 
 def default_warps(batch: int, heads: int) -> int:
@@ -246,6 +281,7 @@ class LayerViews:
         if not (0 <= int(layer) < nl):
             raise ValueError(f"layer must be in [0, {nl}), got {layer}")
         self.layer = int(layer)
+        self.family = pool.geo.family
         self.ckpt = pool.ckpt[layer]
         self.rec_d = pool.rec_d[layer]
         self.rec_k = pool.rec_k[layer]
@@ -729,13 +765,18 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
                    HK * K, H * V, H, K, BKC, BV, BR, RC, CKPT_SR, SHARED, False, INTERPRET)
 
 
+# The commit fold's blocks (block_v, block_k, num_warps) per family, measured on the H200 at batch 256 with
+# half the rows folding (bench/README.md, Kernels, "Fourth run"); block_k None: chunk_k's default (32).
+FOLD_TUNED = {"gdn": (32, 32, 2), "mamba2": (32, 32, 2), "kda": (32, 32, 2)}
+
+
 def fold(pool, layer: int, slots, counts, per_channel: bool,
-         block_v: int | None = None, num_warps: int = 4) -> None:
+         block_v: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> None:
     """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place.
 
     slots / counts: int32 tensors [B] on the pool's device, or sequences of ints (as
     pool.commit passes them). Rows with counts[b] == 0 are untouched. Does not move
-    cursor/folded (the pool does)."""
+    cursor/folded (the pool does). Blocks: FOLD_TUNED where none is given."""
     lv = LayerViews(pool, layer)
     if not isinstance(slots, torch.Tensor):
         slots = torch.tensor([int(s) for s in slots], dtype=torch.int32, device=lv.device)
@@ -745,8 +786,11 @@ def fold(pool, layer: int, slots, counts, per_channel: bool,
     check_tensor("counts", counts, shape=(B,), dtype=torch.int32, device=lv.device)
     if B == 0:
         return
-    BV = block_v or 16
-    BKC = chunk_k(lv.Dk)
+    check_block_k(block_k, lv.Dk)
+    if block_v is None and block_k is None and num_warps is None:
+        block_v, block_k, num_warps = FOLD_TUNED[lv.family]
+    BV, num_warps = block_knobs(block_v, num_warps, 16, 4)
+    BKC = chunk_k(lv.Dk, min(block_k, lv.Dk)) if block_k else chunk_k(lv.Dk)
     if lv.rc_mode == RC_NVFP4:  # the per-head global scale needs the whole head in one program
         BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), 16, max(num_warps, 8)
     BR = max(16, next_pow2(lv.R))

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
+from .common import (check, check_block_k, launch_stages, verify_blocks, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
                      decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, flush_tiles, fold_store, fold_tile_store, gram_update, INTERPRET, join_stream,
                      LayerViews, load_records, load_state_chunk, next_pow2, on_stream, output_tensor,
@@ -398,7 +398,9 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
                            HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
     """The same verify as _gdn_verify_kernel, with the state-sized products on tensor cores: the
     drafts' q (rows 0..BT-1) and k (rows BT..2BT-1) are stacked into one operand X (BT >= 8, so
-    X has >= 16 rows) and S0 X^T, K_r X^T, X X^T are three dots per column chunk (3xTF32 default)."""
+    X has >= 16 rows) and S0 X^T, K_r X^T, X X^T are three dots per column chunk (3xTF32 default),
+    of the raw rows in one pass (the norms scale the products after), and the records' share of
+    Sc X^T one dot more. block_k up to head_k_dim (one chunk: the whole tile in one load)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     o_t = tl.arange(0, BT)
@@ -410,33 +412,33 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     mask_x = t_x < T
     x_rows = ((i_b * T + t_x) * HK + i_hk) * K
     x_base = tl.where(is_q, q_ptr + x_rows, k_ptr + x_rows)
-    nx = tl.zeros([2 * BT], dtype=tl.float32)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
-        nx += tl.sum(Xc * Xc, axis=1)
-    rx = tl.where(is_q, scale, 1.0) / tl.sqrt(nx + EPS)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    # one pass: the dots of the raw rows and their norms; the normalisation scales the products after
+    nx = tl.zeros([2 * BT], dtype=tl.float32)
     S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)
     KrX = tl.zeros([BR, 2 * BT], dtype=tl.float32)
     XX = tl.zeros([2 * BT, 2 * BT], dtype=tl.float32)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
-        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32) * rx[:, None]
+        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
         S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        nx += tl.sum(Xc * Xc, axis=1)
         S0X += tl.dot(Xc, tl.trans(S0), input_precision=PREC)
         KrX += tl.dot(Kr, tl.trans(Xc), input_precision=PREC)
         XX += tl.dot(Xc, tl.trans(Xc), input_precision=PREC)
-    S0Q, S0K = tl.split(tl.permute(tl.reshape(S0X, [2, BT, BV]), (1, 2, 0)))
-    KrQ, KrK = tl.split(tl.permute(tl.reshape(KrX, [BR, 2, BT]), (0, 2, 1)))
+    rx = tl.where(is_q, scale, 1.0) / tl.sqrt(nx + EPS)
+    S0X = S0X * rx[:, None]
+    KrX = KrX * rx[None, :]
+    XX = XX * rx[:, None] * rx[None, :]
+    # Sc x for the stacked rows: gamma S0 x + (w K_r x)^T D_r, the record sum one more dot
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=PREC)
+    SQ, SK = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
     XXq, XXk = tl.split(tl.permute(tl.reshape(XX, [2, BT, 2 * BT]), (1, 2, 0)))
     _qq, QK = tl.split(tl.permute(tl.reshape(XXq, [BT, 2, BT]), (0, 2, 1)))
     _kq, KK = tl.split(tl.permute(tl.reshape(XXk, [BT, 2, BT]), (0, 2, 1)))
-    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    SQ = gam * S0Q + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
-    SK = gam * S0K + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
     _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
                        recd_ptr, recg_ptr, reck_base, (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t,
@@ -506,9 +508,9 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         return out
     method, kn = decode_plan("gdn", lv.rc_mode, B, H, Dv, Dk, method,
                              dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
-                                  flush_block_k=flush_block_k))
-    block_v, block_k, num_warps, stages, flush_block_k = (kn[n] for n in ("block_v", "block_k", "num_warps", "stages",
-                                                                          "flush_block_k"))
+                                  flush_block_k=flush_block_k, flush_warps=flush_warps))
+    block_v, block_k, num_warps, stages, flush_block_k, flush_warps = (
+        kn[n] for n in ("block_v", "block_k", "num_warps", "stages", "flush_block_k", "flush_warps"))
     BV = _block_v(Dv, B, H, block_v)
     nw = num_warps or default_warps(B, H)
     if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
@@ -543,13 +545,14 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
 
 
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
-           out=None, block_v=None, block_k=None, num_warps=None, method=None):
+           out=None, block_v=None, block_k=None, num_warps=None, method=None, stages=None):
     """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
     or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
     returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below).
     method: "fma" (exact fp32 broadcast products), "mma" (the state products as 3xTF32 tensor-core
-    dots), "split" (draft/record products once per (row, k-head) first) or None: "mma" for T >= 4,
-    else "fma" (the H200 sweep, bench/README.md). Default blocks: 32 value rows, 2 warps."""
+    dots), "split" (draft/record products once per (row, k-head) first) or None: "mma" (the fastest at
+    every T = 1..8 on the H200, bench/README.md). Default blocks: common.VERIFY_TUNED (mma: one warp per 64
+    value rows). stages: the mma launch's software pipelining of the column loop (common.launch_stages)."""
     lv = LayerViews(pool, layer)
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
@@ -564,39 +567,38 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     out = output_tensor(out, (B, T, H, Dv), v, lv.device)
     if B == 0:
         return out
-    BV = block_v or 32
-    num_warps = num_warps or 2
+    if method is None:
+        method = "mma"
+    check(method in ("fma", "mma", "split"), f"method must be None, 'fma', 'mma' or 'split', got {method!r}")
+    BV, num_warps = verify_blocks("gdn", method, block_v, num_warps)
+    nst = launch_stages(stages)
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
-    if method is None:
-        method = "mma" if T >= 4 else "fma"
-    check(method in ("fma", "mma", "split"), f"method must be None, 'fma', 'mma' or 'split', got {method!r}")
     if method == "split":  # record/draft products once per (row, k-head), then the state pass
-        BT, BR, BKC = next_pow2(T), max(16, next_pow2(lv.window)), block_k or chunk_k(Dk, 16)
+        BT, BR, BKC = next_pow2(T), max(16, next_pow2(lv.window)), check_block_k(block_k, Dk) or chunk_k(Dk, 16)
         gram = torch.empty((B, Hk, 2 * BR * BT + 2 * BT * BT + 2 * BT), dtype=torch.float32, device=lv.device)
         _gdn_draft_gram_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, gram, scale, HK=Hk, K=Dk, R=lv.R, T=T,
                                          BT=BT, BKC=BKC, BR=BR, EPS=L2_EPS, num_warps=4)
         _gdn_verify_split_kernel[grid](q, k, v, a, b, A_log, dt_bias, parents if parents is not None else slots,
                                        out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
                                        gram, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=BT, BV=BV, BKC=BKC, BR=BR,
-                                       RC=lv.rc_mode, HAS_PARENTS=parents is not None, num_warps=num_warps or 4)
+                                       RC=lv.rc_mode, HAS_PARENTS=parents is not None, num_warps=num_warps)
         return out
     if method == "mma":  # tensor-core variant (3xTF32 on the GPU)
         _gdn_verify_mma_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                                      parents if parents is not None else slots, out, slots, lv.cursor,
                                      lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                                      H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(8, next_pow2(T)), BV=BV,
-                                     BKC=block_k or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)),
+                                     BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)),
                                      RC=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS,
-                                     PREC="ieee" if INTERPRET else "tf32x3", num_warps=num_warps or 4)
+                                     PREC="ieee" if INTERPRET else "tf32x3", num_warps=num_warps, **nst)
         return out
     _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                              parents if parents is not None else slots, out, slots, lv.cursor,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
-                             BKC=block_k or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
-                             HAS_PARENTS=parents is not None, EPS=L2_EPS,
-                             num_warps=num_warps or 4)
+                             BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps)
     return out
 
 

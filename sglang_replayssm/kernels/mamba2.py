@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
+from .common import (check, check_block_k, launch_stages, verify_blocks, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
                      decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
                      fold_tile_store, INTERPRET, join_stream, LayerViews, load_records, load_state_chunk, next_pow2,
                      on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row, softplus,
@@ -194,37 +194,14 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
 
 
 @triton.jit
-def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr,
-                      slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                      BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                      HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr):
-    """Output-only verify of T Mamba-2 drafts (chain or tree):
-    y_t = exp(G_t) Sc C_t + sum_{i on the path to t} exp(G_t - G_i) (B_i . C_t) u_i + D x_t;
-    writes the T draft records (u, B, dt A) at cursor.. (no state write)."""
-    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
-        slots_ptr, cursor_ptr, H, G, V, BV, BR)
-    o_t = tl.arange(0, BT)
-    mask_t = o_t < T
-    tok = i_b * T + o_t
-    bc_rows = (tok * G + i_g) * K
-    head_rows = (slot * H + i_h) * V
-    reck_base = reck_ptr + (slot * R * G + i_g) * K
-    ac = tl.zeros([BT, BV, BKC], dtype=tl.float32)
-    KrC = tl.zeros([BR, BT], dtype=tl.float32)
-    CB = tl.zeros([BT, BT], dtype=tl.float32)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        Cc = tl.load(C_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
-        Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        ac += S0[None, :, :] * Cc[:, None, :]
-        KrC += tl.sum(Kr[:, None, :] * Cc[None, :, :], axis=2)
-        CB += tl.sum(Cc[:, None, :] * Bc[None, :, :], axis=2)
-    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    SC = gam * tl.sum(ac, axis=2) + tl.sum((KrC * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc C_t
+def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
+                      recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                      T: tl.constexpr, BT: tl.constexpr, BKC: tl.constexpr, HAS_PARENTS: tl.constexpr,
+                      HAS_Z: tl.constexpr):
+    """The drafts' part of a Mamba-2 verify, given Sc C_t (SC [BT, BV]) of the committed state Sc and
+    the drafts' products C_t . B_i (CB [BT, BT]): gates, path decays, outputs, and the T draft
+    records (u, B, dt A) at ring positions cursor.."""
     mtv = mask_t[:, None] & mask_v[None, :]
     X = tl.load(x_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
     dt = softplus(tl.load(dt_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
@@ -251,6 +228,87 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                 Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0)
                 tl.store(reck_base + pos[:, None] * (G * K) + o_kc[None, :], Bc.to(reck_ptr.dtype.element_ty),
                          mask=mpos[:, None])
+
+
+@triton.jit
+def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr,
+                      slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                      BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                      HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr):
+    """Output-only verify of T Mamba-2 drafts (chain or tree):
+    y_t = exp(G_t) Sc C_t + sum_{i on the path to t} exp(G_t - G_i) (B_i . C_t) u_i + D x_t;
+    writes the T draft records (u, B, dt A) at cursor.. (no state write). Exact fp32 broadcast products."""
+    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, G, V, BV, BR)
+    o_t = tl.arange(0, BT)
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    bc_rows = (tok * G + i_g) * K
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * G + i_g) * K
+    ac = tl.zeros([BT, BV, BKC], dtype=tl.float32)
+    KrC = tl.zeros([BR, BT], dtype=tl.float32)
+    CB = tl.zeros([BT, BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Cc = tl.load(C_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        ac += S0[None, :, :] * Cc[:, None, :]
+        KrC += tl.sum(Kr[:, None, :] * Cc[None, :, :], axis=2)
+        CB += tl.sum(Cc[:, None, :] * Bc[None, :, :], axis=2)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SC = gam * tl.sum(ac, axis=2) + tl.sum((KrC * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc C_t
+    _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
+                      recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                      H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z)
+
+
+@triton.jit
+def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr,
+                          slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                          H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                          R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                          BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                          HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, PREC: tl.constexpr):
+    """_m2_verify_kernel with the products on tensor cores: the drafts' C (rows 0..BT-1) and B (rows
+    BT..2BT-1) stacked into one operand X (BT >= 8: >= 16 rows), S0 X^T, K_r X^T and X X^T one dot
+    each per column chunk, the records' share of Sc C_t one dot more (3xTF32 default)."""
+    i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, G, V, BV, BR)
+    o_t = tl.arange(0, BT)
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    o_x = tl.arange(0, 2 * BT)
+    is_c = o_x < BT
+    t_x = tl.where(is_c, o_x, o_x - BT)
+    x_rows = ((i_b * T + t_x) * G + i_g) * K
+    x_base = tl.where(is_c, C_ptr + x_rows, B_ptr + x_rows)
+    mask_x = t_x < T
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * G + i_g) * K
+    S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)
+    KrX = tl.zeros([BR, 2 * BT], dtype=tl.float32)
+    XX = tl.zeros([2 * BT, 2 * BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        S0X += tl.dot(Xc, tl.trans(S0), input_precision=PREC)
+        KrX += tl.dot(Kr, tl.trans(Xc), input_precision=PREC)
+        XX += tl.dot(Xc, tl.trans(Xc), input_precision=PREC)
+    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=PREC)   # rows: Sc C_t, Sc B_t
+    SC, _SB = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
+    XXc, _XXb = tl.split(tl.permute(tl.reshape(XX, [2, BT, 2 * BT]), (1, 2, 0)))
+    _cc, CB = tl.split(tl.permute(tl.reshape(XXc, [BT, 2, BT]), (0, 2, 1)))
+    _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
+                      recg_ptr, reck_base, (tok * G + i_g) * K, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                      mask_v, H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z)
 
 
 @triton.jit
@@ -313,9 +371,9 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
         return out
     method, kn = decode_plan("mamba2", lv.rc_mode, Bn, H, P, N, method,
                              dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
-                                  flush_block_k=flush_block_k))
-    block_v, block_k, num_warps, stages, flush_block_k = (kn[n] for n in ("block_v", "block_k", "num_warps", "stages",
-                                                                          "flush_block_k"))
+                                  flush_block_k=flush_block_k, flush_warps=flush_warps))
+    block_v, block_k, num_warps, stages, flush_block_k, flush_warps = (
+        kn[n] for n in ("block_v", "block_k", "num_warps", "stages", "flush_block_k", "flush_warps"))
     BV = _block_v(P, block_v)
     nw = num_warps or default_warps(Bn, H)
     if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
@@ -352,11 +410,13 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
 
 
 def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None):
+           block_v=None, block_k=None, num_warps=None, method=None, stages=None):
     """Output-only verify of T Mamba-2 draft tokens per row (x [B, T, H, P], dt [B, T, H],
     B/C [B, T, G, N], z [B, T, H, P] or None; parents [B, T] int32 or None for a chain). Writes the
     draft records at cursor..cursor+T-1 (no state write); returns y [B, T, H, P] in x's dtype.
-    Commit with pool.commit(..., fold=fold)."""
+    Commit with pool.commit(..., fold=fold). method: "fma" (exact fp32 broadcast products), "mma" (the
+    state-sized products as 3xTF32 tensor-core dots; stages: its launch's pipelining, common.launch_stages)
+    or None ("mma": 2-3x faster at T = 4..8 on the H200). Default blocks: common.VERIFY_TUNED."""
     if getattr(pool.cfg, "mode", "replay") != "replay":
         raise ValueError("verify kernels need a pool in mode='replay' (conventional verify keeps snapshots)")
     lv = LayerViews(pool, layer)
@@ -372,15 +432,21 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     out = output_tensor(out, (Bn, T, H, P), x, lv.device)
     if Bn == 0:
         return out
-    BV = block_v or 64  # the H200 sweep: 64 value rows per program, 4 warps
+    if method is None:
+        method = "mma"
+    check(method in ("fma", "mma"), f"method must be None, 'fma' or 'mma', got {method!r}")
+    BV, num_warps = verify_blocks("mamba2", method, block_v, num_warps)
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(P, BV), H, Bn)
-    _m2_verify_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x,
-                            parents if parents is not None else slots, out, slots, lv.cursor,
-                            lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
-                            H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
-                            BKC=block_k or chunk_k(N, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
-                            HAS_PARENTS=parents is not None, HAS_Z=z is not None, num_warps=num_warps or 4)
+    kern, BT, extra = _m2_verify_kernel, next_pow2(T), {}
+    if method == "mma":
+        kern, BT = _m2_verify_mma_kernel, max(8, next_pow2(T))
+        extra = dict(PREC="ieee" if INTERPRET else "tf32x3", **launch_stages(stages))
+    kern[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, parents if parents is not None else slots, out,
+               slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
+               H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=BT, BV=BV,
+               BKC=check_block_k(block_k, N) or chunk_k(N, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+               HAS_PARENTS=parents is not None, HAS_Z=z is not None, num_warps=num_warps, **extra)
     return out
 
 

@@ -250,8 +250,10 @@ class ReplayStatePool:
                fold: Callable | None = None) -> None:
         """Accept, per slot, ``accepted[i]`` of its pending drafts: the chain prefix, or (tree drafts)
         the nodes ``paths[i]`` from root to leaf. The ring pointer moves; rejected records are simply
-        left behind. Rows that reach the window fold their records into the checkpoint with ``fold``
-        (``reference.replay.fold_rows`` by default; ``kernels.<family>.fold`` on GPU)."""
+        left behind. Rows that reach the window fold their records into the checkpoint: ``fold(pool,
+        layer, slots, counts)`` (``kernels.<family>.fold``) is called once per layer with every committed
+        row as int32 device tensors, count 0 meaning "leave the row alone", so a chain commit waits on
+        no device result; without ``fold``, ``reference.replay.fold_rows`` folds the full rows only."""
         slots = self.check_slots(slots)
         accepted = [int(a) for a in accepted]
         if len(accepted) != len(slots) or (paths is not None and len(paths) != len(slots)):
@@ -284,26 +286,27 @@ class ReplayStatePool:
 
     def _commit_records(self, slots: list[int], paths: list[list[int]], fold: Callable | None) -> None:
         idx = self._index(slots)
-        cur_t = self.cursor[idx].long()
-        cur = cur_t.tolist()                                   # the one host sync of a commit
-        for s, c, path in zip(slots, cur, paths):
-            if path != list(range(len(path))):  # tree: gather the accepted nodes' records to the front
-                src = self._index([c + n for n in path])
-                dst = self._index(range(c, c + len(path)))
-                for t in (self.rec_d, self.rec_k, self.rec_g):
-                    t[:, s, dst] = t[:, s, src]
-        new = [c + len(p) for c, p in zip(cur, paths)]
-        full = [(s, n) for s, n in zip(slots, new) if n >= self.cfg.window]
-        if full:
-            if fold is None:
-                from ..reference.replay import fold_rows as fold
-            fs = [s for s, _ in full]
-            counts = [n for _, n in full]
-            for layer in range(self.num_layers):
-                fold(self, layer, fs, counts)
-        new_t = cur_t + torch.as_tensor([len(p) for p in paths], dtype=torch.long, device=self.device)
+        if any(path != list(range(len(path))) for path in paths):   # tree: the accepted nodes' records to the front
+            for s, c, path in zip(slots, self.cursor[idx].tolist(), paths):   # host sync (trees only)
+                if path != list(range(len(path))):
+                    src = self._index([c + n for n in path])
+                    dst = self._index(range(c, c + len(path)))
+                    for t in (self.rec_d, self.rec_k, self.rec_g):
+                        t[:, s, dst] = t[:, s, src]
+        new_t = self.cursor[idx].long() + self._index([len(p) for p in paths])
         flushed = new_t >= self.cfg.window
-        self.folded[idx] += torch.where(flushed, new_t, torch.zeros_like(new_t))
+        counts = torch.where(flushed, new_t, torch.zeros_like(new_t))
+        if fold is not None:   # kernels: all rows in one launch per layer (count 0: untouched), no host sync
+            slots_t, counts_t = idx.to(torch.int32), counts.to(torch.int32)
+            for layer in range(self.num_layers):
+                fold(self, layer, slots_t, counts_t)
+        else:                  # the reference folds row by row, on the host's lists
+            from ..reference.replay import fold_rows
+            full = [(s, n) for s, n in zip(slots, counts.tolist()) if n > 0]
+            if full:
+                for layer in range(self.num_layers):
+                    fold_rows(self, layer, [s for s, _ in full], [n for _, n in full])
+        self.folded[idx] += counts
         self.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(self.cursor.dtype)
 
     def _commit_snapshots(self, slots: list[int], paths: list[list[int]]) -> None:

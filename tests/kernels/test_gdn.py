@@ -107,12 +107,13 @@ def test_conventional_decode():
         assert torch.equal(state[s], before[s])
 
 
-@pytest.mark.parametrize("tree,read_copy,method", [(False, "none", "fma"), (True, "none", "fma"), (False, "fp8", "fma"),
-                                                  (True, "nvfp4", "fma"), (True, "fp8", "mma"),
-                                                  (False, "none", "split"), (True, "fp8", "split")])
-def test_verify_then_commit(tree, read_copy, method):
+@pytest.mark.parametrize("tree,read_copy,method,dk", [
+    (False, "none", "fma", None), (True, "none", "fma", None), (False, "fp8", "fma", None), (True, "nvfp4", "fma", None),
+    (True, "fp8", "mma", None), (False, "none", "mma", 32), (True, "none", "mma", 64),   # 2 / 4 column chunks
+    (False, "none", "split", None), (True, "fp8", "split", None)])
+def test_verify_then_commit(tree, read_copy, method, dk):
     g = torch.Generator().manual_seed(4 + tree)
-    pk = make_pool("gdn", read_copy=read_copy, gen=g, max_drafts=4)
+    pk = make_pool("gdn", read_copy=read_copy, gen=g, max_drafts=4, head_k_dim=dk)
     pr = clone_pool(pk)
     H, Dv, Dk = pk.geo.state_shape
     Hk = pk.geo.num_k_heads
@@ -199,6 +200,8 @@ def test_wrapper_errors():
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, stages=1)
     with pytest.raises(ValueError, match="flush_block_k must be None or a power of 2 >= 16 dividing"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, flush_block_k=24)
+    with pytest.raises(ValueError, match="block_k must be None or a power of 2 >= 16 dividing head_k_dim"):
+        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, block_k=48)
     with pytest.raises(ValueError, match="flush_warps must be None or a power of 2 in 1..16, got 3"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, method="split",
                     flush_warps=3)

@@ -76,18 +76,21 @@ def test_conventional_decode():
         assert torch.equal(state[s], before[s])
 
 
-@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "fp8"), (False, "nvfp4"), (True, "nvfp4")])
-def test_verify_then_commit(tree, read_copy):
+@pytest.mark.parametrize("tree,read_copy,method,dk,T", [
+    (False, "none", "fma", None, 4), (True, "fp8", "fma", None, 4), (False, "nvfp4", "fma", None, 4),
+    (True, "nvfp4", "fma", None, 4), (False, "none", "mma", None, 4), (True, "fp8", "mma", None, 4),
+    (True, "none", "mma", 64, 4),                         # 4 column chunks (2 at head_k_dim 32)
+    (False, "fp8", "mma", None, 1), (False, "none", "mma", None, 2)])   # the stacked operand zero-padded
+def test_verify_then_commit(tree, read_copy, method, dk, T):
     from .test_mamba2 import _paths
     g = torch.Generator().manual_seed(24 + tree)
-    pk = make_pool("kda", read_copy=read_copy, gen=g, max_drafts=4)
+    pk = make_pool("kda", read_copy=read_copy, gen=g, max_drafts=4, head_k_dim=dk)
     pr = clone_pool(pk)
     H, Dv, Dk = pk.geo.state_shape
     Hk = pk.geo.num_k_heads
     par = params(g, H, Dk)
     slots_l = [3, 6, 1]
     slots = torch.tensor(slots_l + [0], dtype=torch.int32, device=DEV)
-    T = 4
     r = lambda *s: torch.randn(*s, generator=g).to(DEV)
     x = dict(q=r(4, T, Hk, Dk), k=r(4, T, Hk, Dk), v=r(4, T, H, Dv), a=r(4, T, H, Dk), b=r(4, T, H))
     trees = [[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 1], [-1, 0, 1, 2]]
@@ -96,7 +99,7 @@ def test_verify_then_commit(tree, read_copy):
         p.cursor[slots_l[0]] = p.cfg.window - 1  # this row's commit below must fold (window crossed)
         p.begin_verify(slots_l, T, trees[:3] if tree else None)
     before = snapshot(pk)
-    ok = kkda.verify(pk, 0, slots, **x, **par, parents=parents)
+    ok = kkda.verify(pk, 0, slots, **x, **par, parents=parents, method=method)
     orf = rkda.verify(pr, 0, slots, **x, **par, parents=parents)
     close(ok[:3], orf[:3], rtol=5e-4, atol=5e-5)
     close(pk.rec_d, pr.rec_d, rtol=5e-4, atol=5e-5)
@@ -116,3 +119,17 @@ def test_verify_then_commit(tree, read_copy):
         close(pk.rc_gscale, pr.rc_gscale)
     x1 = inputs(g, 4, H, Hk, Dv, Dk)
     close(kkda.decode(pk, 0, slots, **x1, **par)[:3], rkda.decode(pr, 0, slots, **x1, **par)[:3], rtol=5e-4, atol=5e-5)
+
+
+def test_verify_method_errors():
+    g = torch.Generator().manual_seed(25)
+    pk = make_pool("kda", gen=g, max_drafts=4)
+    H, Dv, Dk = pk.geo.state_shape
+    Hk = pk.geo.num_k_heads
+    r = lambda *s: torch.randn(*s, generator=g).to(DEV)
+    x = dict(q=r(2, 2, Hk, Dk), k=r(2, 2, Hk, Dk), v=r(2, 2, H, Dv), a=r(2, 2, H, Dk), b=r(2, 2, H))
+    slots = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="method must be None, 'fma' or 'mma', got 'split'"):
+        kkda.verify(pk, 0, slots, **x, **params(g, H, Dk), method="split")
+    with pytest.raises(ValueError, match="stages must be None or an int in 1..4, got 5"):
+        kkda.verify(pk, 0, slots, **x, **params(g, H, Dk), method="mma", stages=5)

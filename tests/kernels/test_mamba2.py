@@ -103,8 +103,9 @@ def _paths(trees, acc, T):
     return paths
 
 
-@pytest.mark.parametrize("tree,read_copy", [(False, "none"), (True, "fp8")])
-def test_verify_then_commit(tree, read_copy):
+@pytest.mark.parametrize("tree,read_copy,method", [(False, "none", "fma"), (True, "fp8", "fma"),
+                                                  (True, "none", "mma"), (False, "fp8", "mma")])
+def test_verify_then_commit(tree, read_copy, method):
     g = torch.Generator().manual_seed(14 + tree)
     pk = make_pool("mamba2", read_copy=read_copy, gen=g, max_drafts=4)
     pr = clone_pool(pk)
@@ -121,7 +122,7 @@ def test_verify_then_commit(tree, read_copy):
     for p in (pk, pr):
         p.begin_verify(slots_l, T, trees[:3] if tree else None)
     before = snapshot(pk)
-    yk = km2.verify(pk, 0, slots, **x, **par, parents=parents)
+    yk = km2.verify(pk, 0, slots, **x, **par, parents=parents, method=method)
     yr = rm2.verify(pr, 0, slots, **x, **par, parents=parents)
     close(yk[:3], yr[:3], rtol=5e-4, atol=5e-5)
     close(pk.rec_d, pr.rec_d)

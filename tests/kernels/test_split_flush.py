@@ -65,12 +65,13 @@ def test_flush_list_picks_the_flush_rows_in_order():
 
 
 def test_decode_plan_picks_the_measured_method_and_config():
-    none = dict(block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None)
+    none = dict(block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, flush_warps=None)
     # a read copy on a full grid: split with the tuned blocks (block_k capped at head_k_dim)
     m, kn = common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, 128, None, none)
-    assert m == "split" and kn == dict(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128)
-    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 128, 64, 32, None, none)
-    assert m == "split" and kn["block_v"] == 64 and kn["block_k"] == 32 and kn["flush_block_k"] == 32
+    assert m == "split" and kn == dict(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128,
+                                       flush_warps=2)
+    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 128, 64, 16, None, none)
+    assert m == "split" and kn["block_v"] == 32 and kn["block_k"] == 16 and kn["flush_block_k"] == 16
     # Nemotron-Nano's 80 value rows: its own blocks for the fp8 read copy; fp32 runs fused
     assert common.decode_plan("mamba2", common.RC_FP8, 256, 96, 80, 128, None, none)[1]["block_v"] == 32
     assert common.decode_plan("mamba2", common.RC_NONE, 256, 96, 80, 128, None, none) == ("fused", none)
