@@ -155,7 +155,7 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
 
 
 def ops_options(args, family: str) -> dict:
-    """--decode-stages / --decode-method / --verify-method as SSMOps options (the verify method: GDN only)."""
+    """--decode-stages / --decode-method / --verify-method as SSMOps options ("split" verify: GDN only)."""
     out = {}
     dec = {}
     if getattr(args, "decode_stages", None):
@@ -164,7 +164,7 @@ def ops_options(args, family: str) -> dict:
         dec["method"] = args.decode_method
     if dec:
         out["decode_options"] = dec
-    if getattr(args, "verify_method", None) and family == "gdn":
+    if getattr(args, "verify_method", None) and (family == "gdn" or args.verify_method != "split"):
         out["verify_options"] = {"method": args.verify_method}
     return out
 
@@ -253,9 +253,25 @@ def verify_bench(cfg, model, batch, T, args, device, timer):
         commit_ms += timer(commit, 1)
     fwd_ms, commit_ms = fwd_ms / n, commit_ms / n
     graphed = graph is not None
+    commit_kernels = None
+    if timer.cuda:   # where a commit's device time goes (folds, conv state, bookkeeping), kernel by kernel
+
+        def begin_commit():
+            st.ops.begin_verify(st.slot_list, T)
+            commit()
+        commit_kernels = profile_module().profile_steps([begin_commit])[:6]
     del st, graph
-    return {"T": T, "verify_ms": fwd_ms, "commit_ms": commit_ms, "graph": graphed,
+    return {"T": T, "verify_ms": fwd_ms, "commit_ms": commit_ms, "graph": graphed, "commit_kernels": commit_kernels,
             "tokens_per_s_all_accepted": batch * T / ((fwd_ms + commit_ms) * 1e-3)}
+
+
+def profile_module():
+    """bench/profile_kernels.py (its profile_steps: GPU time per kernel of a list of steps)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_profile_kernels", Path(__file__).with_name("profile_kernels.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def time_batches(cfg, model, batches, args, device, timer):
@@ -288,11 +304,15 @@ def time_batches(cfg, model, batches, args, device, timer):
             if "skipped" in v:
                 print(f"  B={batch:4d} verify T={T}: skipped ({v['skipped']})", flush=True)
                 continue
-            v["verify_over_decode"] = v["verify_ms"] / row.get("replay", row["conventional"])["ms"]
+            step_ms = row.get("replay", row["conventional"])["ms"]
+            v["verify_over_decode"] = v["verify_ms"] / step_ms                       # the forward alone
+            v["verify_commit_over_decode"] = (v["verify_ms"] + v["commit_ms"]) / step_ms
             print(f"  B={batch:4d} verify T={T} ({T - 1} drafts) {v['verify_ms']:8.3f} ms"
-                  f"{' (graph)' if v['graph'] else ''} + commit "
-                  f"{v['commit_ms']:.3f} ms = {v['verify_over_decode']:.2f}x a decode step; "
+                  f"{' (graph)' if v['graph'] else ''} ({v['verify_over_decode']:.2f}x a decode step) + commit "
+                  f"{v['commit_ms']:.3f} ms = {v['verify_commit_over_decode']:.2f}x; "
                   f"{v['tokens_per_s_all_accepted']:.0f} tok/s if all accepted", flush=True)
+            for kr in v.get("commit_kernels") or []:
+                print(f"      commit: {kr['us_per_step']:9.1f} us  x{kr['launches_per_step']:.0f}  {kr['kernel'][:70]}")
 
 
 def run(args) -> dict:
@@ -505,9 +525,9 @@ def main(argv=None) -> int:
     p.add_argument("--decode-stages", type=int, default=None,
                    help="software-pipeline the ReplaySSM decode kernels' state loop (kernels.*.decode stages)")
     p.add_argument("--decode-method", choices=("fused", "split"), default=None,
-                   help="ReplaySSM decode kernel variant (kernels.*.decode method; default fused)")
+                   help="ReplaySSM decode kernel variant (kernels.*.decode method; default: kernels.common.decode_plan)")
     p.add_argument("--verify-method", choices=("fma", "mma", "split"), default=None,
-                   help="GDN verify kernel variant (kernels.gdn.verify method; default fma)")
+                   help="verify kernel variant (kernels.*.verify method; default mma; split: GDN only)")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
     args = p.parse_args(argv)

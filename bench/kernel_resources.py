@@ -241,7 +241,21 @@ def cases(geos, batch, quick=False):
                     yield name, f"verify T{T} {method} bv{bv} bk{bk} w{nw}", \
                         lambda mod=mod, pool=pool, inp_t=inp_t, kw=kw, bv=bv, bk=bk, nw=nw: \
                         mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw, **kw)
+    yield from pool_cases()
     yield from native_cases(batch, quick)
+
+
+def pool_cases():
+    """The pool's own commit kernel (ReplayStatePool._commit_conv on CUDA) at the Qwen3.5-4B conv shape:
+    24 SSM layers, C = 8192 channels, kernel 4 (W = 3), bf16, 256 rows. Nothing is launched: the
+    tensors (torch.empty, ~1.1 GB) are never touched, so they take address space, not memory."""
+    from sglang_replayssm.kernels.conv_state import roll_conv_state
+
+    B, nl, C, W, Tmax = 256, 24, 8192, 3, 8
+    yield "pool", f"conv_roll B{B} nl{nl} C{C} W{W} bf16", lambda: roll_conv_state(
+        torch.empty(nl, B + 1, C, W, dtype=torch.bfloat16), torch.empty(nl, B + 1, Tmax, C, dtype=torch.bfloat16),
+        torch.arange(1, B + 1, dtype=torch.int64), torch.full((B,), 2, dtype=torch.int64),
+        torch.zeros(B, Tmax, dtype=torch.int64))
 
 
 def native_cases(batch, quick=False):
@@ -308,7 +322,7 @@ def main(argv=None) -> int:
     geos = GEOMS if args.geos == "all" else {g: GEOMS[g] for g in args.geos.split(",")}
     rows = []
     t0 = time.time()
-    print(f"{'geometry':26s} {'launch':34s} {'kernel':28s} {'regs':>4s} {'spill':>5s} {'smem':>6s} "
+    print(f"{'geometry':26s} {'launch':34s} {'kernel':28s} {'regs':>4s} {'local':>5s} {'stack':>5s} {'smem':>6s} "
           f"{'warps':>5s} {'blk/SM':>6s} {'occ':>5s}")
     with Recorder() as rec:
         for name, label, fn in cases(geos, args.batch, args.quick):
@@ -333,7 +347,7 @@ def main(argv=None) -> int:
                 row = dict(geo=name, launch=label, kernel=kname, num_warps=md.num_warps, shared=smem, **ru, **occ,
                            sass=sass_fingerprint(k.asm["cubin"], dump=sass_path(args.sass_dir, name, label, kname)))
                 rows.append(row)
-                print(f"{name:26s} {label:34s} {kname:28s} {ru['regs']:4d} {ru['local']:5d} {smem:6d} "
+                print(f"{name:26s} {label:34s} {kname:28s} {ru['regs']:4d} {ru['local']:5d} {ru['stack']:5d} {smem:6d} "
                       f"{md.num_warps:5d} {occ['blocks_per_sm']:6d} {occ['occupancy']:5.2f}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "kernel_resources.json")

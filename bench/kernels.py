@@ -390,6 +390,7 @@ def main():
     RESULTS["meta"] = dict(device=dev.name, sms=dev.multi_processor_count, torch=torch.__version__,
                            triton=triton.__version__, window=L, act_dtype=str(ACT), state_dtype="float32",
                            method="do_bench median of a CUDA graph of L steps / L; L2 flushed before each replay",
+                           command="python bench/kernels.py " + " ".join(sys.argv[1:]),
                            time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     bw = copy_bandwidth()
     RESULTS["meta"]["copy_GBps"] = bw

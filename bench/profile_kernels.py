@@ -36,17 +36,19 @@ CASES = {
     "gdn_fp32_split": ("gdn_qwen35_4b", "fp32", (32, 32, 2, 3), "split"),
     "gdn_fp8_fused": ("gdn_qwen35_4b", "fp8", (32, 32, 2), "fused"),
     "gdn_fp8_split": ("gdn_qwen35_4b", "fp8", (32, 64, 2, 0, 128), "split"),
-    "gdn_verify8_mma": ("gdn_qwen35_4b", "verify8", (32, 16, 2), "mma"),
+    "gdn_verify8_mma": ("gdn_qwen35_4b", "verify8", (64, 16, 1), "mma"),
     "gdn_verify8_split": ("gdn_qwen35_4b", "verify8", (16, 16, 2), "split"),
     "m2_conventional": ("mamba2_nemotron3_super", "conventional", (16, None, 2), None),
     "m2_fp32_fused": ("mamba2_nemotron3_super", "fp32", (32, 32, 1), "fused"),
     "m2_fp32_split": ("mamba2_nemotron3_super", "fp32", (32, 32, 2, 3), "split"),
     "m2_fp8_split": ("mamba2_nemotron3_super", "fp8", (32, 64, 2, 0, 128), "split"),
     "m2_verify8": ("mamba2_nemotron3_super", "verify8", (64, 16, 4), "fma"),
+    "m2_verify8_mma": ("mamba2_nemotron3_super", "verify8", (64, 16, 1), "mma"),
     "kda_conventional": ("kda_32h", "conventional", (16, None, 2), None),
     "kda_fp32_split": ("kda_32h", "fp32", (32, 128, 4, 0, 128), "split"),
     "kda_fp8_split": ("kda_32h", "fp8", (32, 128, 4, 0, 128), "split"),
     "kda_verify8": ("kda_32h", "verify8", (32, 16, 4), "fma"),
+    "kda_verify8_mma": ("kda_32h", "verify8", (128, 16, 1), "mma"),
 }
 
 

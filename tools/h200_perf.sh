@@ -14,8 +14,9 @@
 #   final          the comparison at B = 256 of all five geometries at the library's defaults (--quick), with
 #                  the GPU correctness checks, then bench/read_ceiling.py
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
-#   e2e            bench/e2e.py at B = 256, fused non-SSM kernels on, one model per run (MODELS, both by
-#                  default) at the library's kernel defaults; DECODE_METHOD / VERIFY_METHOD override them
+#   e2e            bench/e2e.py at B = 256 (BATCHES), fused non-SSM kernels on, one model per run (MODELS, both
+#                  by default) at the library's kernel defaults; DECODE_METHOD / VERIFY_METHOD override them;
+#                  writes e2e_<TAG, default b256>_<model>.json
 #   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
 # Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
 set -uo pipefail
@@ -68,9 +69,9 @@ case $PART in
       --out "$OUT" ;;
   e2e)
     for m in ${MODELS:-qwen3.5-4b nemotron-3-nano-4b}; do
-      timeout "${LIM_E2E:-250}" $PY bench/e2e.py --models "$m" --batches 256 --fused on \
+      timeout "${LIM_E2E:-250}" $PY bench/e2e.py --models "$m" --batches ${BATCHES:-256} --fused on \
         ${DECODE_METHOD:+--decode-method "$DECODE_METHOD"} ${VERIFY_METHOD:+--verify-method "$VERIFY_METHOD"} \
-        --out "$OUT/e2e_b256_$m.json"
+        --out "$OUT/e2e_${TAG:-b256}_$m.json"
     done ;;
   e2e-stages)
     timeout "$LIMIT" $PY bench/e2e.py --batches 256 --fused on --modes conventional replay replay-fp8 \

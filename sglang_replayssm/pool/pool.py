@@ -319,8 +319,11 @@ class ReplayStatePool:
         self.folded[idx] += self._index([a for _, _, a in rows])
 
     def _commit_conv(self, slots: list[int], paths: list[list[int]]) -> None:
-        """Conv state after the accepted tokens: the last ``width`` columns of (old state, the accepted
-        drafts' conv inputs along their path), for all rows in a few batched ops."""
+        """Conv state after the accepted tokens: column j of the new state is column a + j of (old state,
+        the a accepted drafts' conv inputs along their path). On CUDA one Triton launch does every layer
+        and row in place (kernels.conv_state.roll_conv_state); elsewhere (the reference) each column is
+        gathered straight from where it lives (one gather from the old states, one from the drafts'
+        inputs, a select), so a commit moves about three conv states per row instead of all T drafts' inputs."""
         if self.conv is None or self.conv_in is None or self.conv.shape[-1] == 0:
             return
         rows = [(s, p) for s, p in zip(slots, paths) if p]
@@ -328,15 +331,20 @@ class ReplayStatePool:
             return
         width = self.conv.shape[-1]
         T = self.conv_in.shape[2]
-        idx = self._index([s for s, _ in rows])
+        slot_idx = self._index([s for s, _ in rows])                                            # [B]
         nodes = self._index([p + [0] * (T - len(p)) for _, p in rows]).view(len(rows), T)     # [B, T] padded paths
-        acc = self._index([len(p) for _, p in rows])
-        drafts = self.conv_in[:, idx]                                                           # [nl, B, T, C]
-        drafts = torch.gather(drafts, 2, nodes[None, :, :, None].expand(drafts.shape[0], -1, -1, drafts.shape[-1]))
-        hist = torch.cat([self.conv[:, idx], drafts.transpose(-1, -2)], dim=-1)                 # [nl, B, C, width + T]
-        cols = acc[:, None] + torch.arange(width, device=self.device)[None, :]                 # [B, width]
-        cols = cols[None, :, None, :].expand(hist.shape[0], -1, hist.shape[2], -1)
-        self.conv[:, idx] = torch.gather(hist, -1, cols)
+        acc = self._index([len(p) for _, p in rows])                                            # [B]
+        if self.device.type == "cuda":
+            from ..kernels.conv_state import roll_conv_state
+            roll_conv_state(self.conv, self.conv_in, slot_idx, acc, nodes)
+            return
+        idx = slot_idx[:, None]                                                                 # [B, 1]
+        pos = acc[:, None] + torch.arange(width, device=self.device)                           # [B, width]
+        old = self.conv[:, idx, :, pos.clamp(max=width - 1)]                                   # [B, width, nl, C]
+        node = torch.gather(nodes, 1, (pos - width).clamp(0, T - 1))                           # [B, width]
+        new = self.conv_in[:, idx, node]                                                       # [nl, B, width, C]
+        col = torch.where((pos < width)[None, :, :, None], old.permute(2, 0, 1, 3), new)      # [nl, B, width, C]
+        self.conv[:, idx[:, 0]] = col.transpose(-1, -2)
 
     # ------------------------------------------------------------------ whole-state access
     def write_state(self, layer: int, slots: Sequence[int], state: torch.Tensor) -> None:

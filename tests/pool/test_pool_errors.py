@@ -135,15 +135,15 @@ def test_bytes_and_capacity_vs_snapshot_scheme():
 def test_commit_rolls_conv_state_along_the_accepted_path():
     """After a commit the conv state holds the last (kernel - 1) inputs of the accepted sequence: the
     old window followed by the accepted drafts' inputs (tree: along the accepted path)."""
-    pool = make(3, window=4, max_drafts=4)
-    s = pool.alloc(3)
+    pool = make(4, window=4, max_drafts=4)
+    s = pool.alloc(4)
     gen = torch.Generator().manual_seed(1)
-    pool.conv[:, s] = torch.randn(2, 3, 6, 3, generator=gen)
-    pool.conv_in[:, s] = torch.randn(2, 3, 4, 6, generator=gen)
+    pool.conv[:, s] = torch.randn(2, 4, 6, 3, generator=gen)
+    pool.conv_in[:, s] = torch.randn(2, 4, 4, 6, generator=gen)
     old, drafts = pool.conv[:, s].clone(), pool.conv_in[:, s].clone()
-    pool.begin_verify(s, 4, parents=[[-1, 0, 1, 2], [-1, -1, 1, 0], [-1, 0, 0, 0]])
-    paths = [[0, 1], [1, 2], []]
-    pool.commit(s, [2, 2, 0], paths=paths)
+    pool.begin_verify(s, 4, parents=[[-1, 0, 1, 2], [-1, -1, 1, 0], [-1, 0, 0, 0], [-1, 0, 1, 2]])
+    paths = [[0, 1], [1, 2], [], [0, 1, 2, 3]]   # the last: more accepted than the conv window, all new columns
+    pool.commit(s, [2, 2, 0, 4], paths=paths)
     for b, path in enumerate(paths):
         want = torch.cat([old[:, b], drafts[:, b, path].transpose(-1, -2)], dim=-1)[..., -3:]
         assert torch.equal(pool.conv[:, s[b]], want)
