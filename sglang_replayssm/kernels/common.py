@@ -234,7 +234,8 @@ def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dv: int, Dk: 
 # Kernels, "Fourth run"): the tensor-core verify is fastest as one warp per 64-128 value rows (4 warps: 2-4x
 # slower).
 VERIFY_TUNED = {("gdn", "fma"): (32, 2), ("gdn", "mma"): (64, 1), ("gdn", "split"): (32, 2),
-                ("mamba2", "fma"): (64, 4), ("mamba2", "mma"): (64, 1), ("kda", "fma"): (32, 2), ("kda", "mma"): (128, 1)}
+                ("mamba2", "fma"): (64, 4), ("mamba2", "mma"): (64, 1),
+                ("kda", "fma"): (32, 2), ("kda", "mma"): (128, 1)}
 
 
 def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple[int, int]:
@@ -766,7 +767,8 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
 
 
 # The commit fold's blocks (block_v, block_k, num_warps) per family, measured on the H200 at batch 256 with
-# half the rows folding (bench/README.md, Kernels, "Fourth run"); block_k None: chunk_k's default (32).
+# half the rows folding (bench/README.md, Kernels, "Fourth run"): 2-warp programs of 32 value rows walking
+# 32-column chunks (whole 128-column rows and 4-8 warps were slower).
 FOLD_TUNED = {"gdn": (32, 32, 2), "mamba2": (32, 32, 2), "kda": (32, 32, 2)}
 
 

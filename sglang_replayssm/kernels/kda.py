@@ -12,11 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (check, check_block_k, verify_blocks, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
+from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
                      decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, FOLD_PREC, INTERPRET, join_stream, launch_stages, LayerViews, load_state_chunk,
                      next_pow2, on_stream, output_tensor, read_copy_scales, ring_program, ring_row, softplus,
-                     store_draft_d, store_state_chunk)
+                     store_draft_d, store_state_chunk, verify_blocks)
 from . import common
 
 L2_EPS = 1e-6

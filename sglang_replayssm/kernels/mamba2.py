@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (check, check_block_k, launch_stages, verify_blocks, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
+from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
                      decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
-                     fold_tile_store, INTERPRET, join_stream, LayerViews, load_records, load_state_chunk, next_pow2,
-                     on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row, softplus,
-                     state_tile)
+                     fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records, load_state_chunk,
+                     next_pow2, on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
+                     softplus, state_tile, verify_blocks)
 
 
 @triton.jit
