@@ -735,29 +735,41 @@ def load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H: tl.
     return Dr, w, tl.exp(gtot), gtot
 
 
+@triton.jit
+def fold_layer_head(layer, H: tl.constexpr):
+    """A fold program's layer and head: program_id(1) = l * H + head over the launch's layers (layer,
+    layer + 1, ..); returns (layer + l, head, l). The pool's tensors are [num_layers, S, ...] and
+    contiguous, so row `slot` of layer first + l is row l * S + slot of the first layer's view."""
+    i_lh = tl.program_id(1)
+    l = i_lh // H
+    return layer + l, i_lh % H, l
+
+
 @triton.jit(do_not_specialize=["seed", "layer"])
 def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                 recd_ptr, reck_ptr, recg_ptr, seed, layer,
+                 recd_ptr, reck_ptr, recg_ptr, seed, layer, S,
                  H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                  RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
                  INTERPRET: tl.constexpr):
-    """Fold records 0..count-1 of each row into its checkpoint (+ read copy). count 0: no-op.
-    Scalar-decay families (Mamba-2, GDN); KDA has its own in kda.py."""
+    """Fold records 0..count-1 of each row into its checkpoint (+ read copy), for one layer or several
+    (fold_layer_head; S: the pool's slots). count 0: no-op. Scalar-decay families (Mamba-2, GDN); KDA
+    has its own in kda.py."""
     i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
     i_b = tl.program_id(2)
+    layer, i_h, l = fold_layer_head(layer, H)
     cnt = tl.load(counts_ptr + i_b)
     if cnt > 0:
         i_hk = i_h // (H // HK)
-        slot = tl.load(slots_ptr + i_b).to(tl.int64)
+        row = tl.load(slots_ptr + i_b).to(tl.int64)
+        stream = tl.load(folded_ptr + row) + cnt
+        slot = row + l * S                   # in the first layer's views
         o_v = i_v * BV + tl.arange(0, BV)
         o_r = tl.arange(0, BR)
         mask_v = o_v < V
         mask_r = o_r < cnt
         Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
         gtot = tl.sum(Gr, axis=0)
-        stream = tl.load(folded_ptr + slot) + cnt
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
         fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v,
                    reck_ptr + (slot * R * HK + i_hk) * K, recd_ptr + (slot * R * H + i_h) * V,
@@ -772,14 +784,16 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
 FOLD_TUNED = {"gdn": (32, 32, 2), "mamba2": (32, 32, 2), "kda": (32, 32, 2)}
 
 
-def fold(pool, layer: int, slots, counts, per_channel: bool,
+def fold(pool, layer: int | None, slots, counts, per_channel: bool,
          block_v: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> None:
-    """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place.
+    """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place, of one layer
+    or (layer None) of every layer of the pool in one launch (pool.commit's call).
 
-    slots / counts: int32 tensors [B] on the pool's device, or sequences of ints (as
-    pool.commit passes them). Rows with counts[b] == 0 are untouched. Does not move
-    cursor/folded (the pool does). Blocks: FOLD_TUNED where none is given."""
-    lv = LayerViews(pool, layer)
+    slots / counts: int32 tensors [B] on the pool's device, or sequences of ints. Rows with
+    counts[b] == 0 are untouched. Does not move cursor/folded (the pool does). Blocks: FOLD_TUNED where
+    none is given."""
+    lv = LayerViews(pool, 0 if layer is None else layer)
+    nl = int(pool.ckpt.shape[0]) if layer is None else 1
     if not isinstance(slots, torch.Tensor):
         slots = torch.tensor([int(s) for s in slots], dtype=torch.int32, device=lv.device)
     if not isinstance(counts, torch.Tensor):
@@ -797,13 +811,14 @@ def fold(pool, layer: int, slots, counts, per_channel: bool,
         BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), 16, max(num_warps, 8)
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
-    grid = (triton.cdiv(lv.Dv, BV), lv.H, B)
+    check(lv.H * nl <= 65535, f"a fold launch covers at most 65535 (layer, head) pairs, got {nl} x {lv.H}")
+    grid = (triton.cdiv(lv.Dv, BV), lv.H * nl, B)
     if per_channel:
         from .kda import _kda_fold_kernel as kern
     else:
         kern = _fold_kernel
     kern[grid](slots, counts, lv.folded, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
-               lv.rec_g, lv.seed, lv.layer,
+               lv.rec_g, lv.seed, lv.layer, lv.num_slots,
                H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BKC=BKC, BR=BR,
                RC=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant,
                INTERPRET=INTERPRET, num_warps=num_warps)

@@ -626,5 +626,6 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 
 def fold(pool, layer, slots, counts, **kw):
-    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy); counts 0 = no-op."""
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
+    in one launch (layer None); counts 0 = no-op (common.fold)."""
     common.fold(pool, layer, slots, counts, per_channel=False, **kw)

@@ -14,9 +14,9 @@ import triton.language as tl
 
 from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
                      decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
-                     draft_structure, FOLD_PREC, INTERPRET, join_stream, launch_stages, LayerViews, load_state_chunk,
-                     next_pow2, on_stream, output_tensor, read_copy_scales, ring_program, ring_row, softplus,
-                     store_draft_d, store_state_chunk, verify_blocks)
+                     draft_structure, fold_layer_head, FOLD_PREC, INTERPRET, join_stream, launch_stages, LayerViews,
+                     load_state_chunk, next_pow2, on_stream, output_tensor, read_copy_scales, ring_program, ring_row,
+                     softplus, store_draft_d, store_state_chunk, verify_blocks)
 from . import common
 
 L2_EPS = 1e-6
@@ -246,25 +246,28 @@ def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_
 
 @triton.jit(do_not_specialize=["seed", "layer"])
 def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                     recd_ptr, reck_ptr, recg_ptr, seed, layer,
+                     recd_ptr, reck_ptr, recg_ptr, seed, layer, S,
                      H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                      RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
                      INTERPRET: tl.constexpr):
+    """common._fold_kernel for KDA's per-channel decays (one layer or several: common.fold_layer_head;
+    S: the pool's slots)."""
     i_v = tl.program_id(0)
-    i_h = tl.program_id(1)
     i_b = tl.program_id(2)
+    layer, i_h, l = fold_layer_head(layer, H)
     cnt = tl.load(counts_ptr + i_b)
     if cnt > 0:
         i_hk = i_h // (H // HK)
-        slot = tl.load(slots_ptr + i_b).to(tl.int64)
+        row = tl.load(slots_ptr + i_b).to(tl.int64)
+        stream = tl.load(folded_ptr + row) + cnt
+        slot = row + l * S                   # in the first layer's views (common.fold_layer_head)
         o_v = i_v * BV + tl.arange(0, BV)
         o_r = tl.arange(0, BR)
         mask_v = o_v < V
         mask_r = o_r < cnt
         Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
                      mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        stream = tl.load(folded_ptr + slot) + cnt
         idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
         _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v, recg_ptr,
                         reck_ptr + (slot * R * HK + i_hk) * K, slot, i_h, o_r, mask_r, Dr, recg_ptr, 0.0,
@@ -640,5 +643,6 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 
 def fold(pool, layer, slots, counts, **kw):
-    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy); counts 0 = no-op."""
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
+    in one launch (layer None); counts 0 = no-op (common.fold)."""
     common.fold(pool, layer, slots, counts, per_channel=True, **kw)

@@ -251,9 +251,10 @@ class ReplayStatePool:
         """Accept, per slot, ``accepted[i]`` of its pending drafts: the chain prefix, or (tree drafts)
         the nodes ``paths[i]`` from root to leaf. The ring pointer moves; rejected records are simply
         left behind. Rows that reach the window fold their records into the checkpoint: ``fold(pool,
-        layer, slots, counts)`` (``kernels.<family>.fold``) is called once per layer with every committed
-        row as int32 device tensors, count 0 meaning "leave the row alone", so a chain commit waits on
-        no device result; without ``fold``, ``reference.replay.fold_rows`` folds the full rows only."""
+        None, slots, counts)`` (``kernels.<family>.fold``; layer None: every layer) is called once with
+        every committed row as int32 device tensors, count 0 meaning "leave the row alone", so a chain
+        commit waits on no device result; without ``fold``, ``reference.replay.fold_rows`` folds the full
+        rows only, layer by layer."""
         slots = self.check_slots(slots)
         accepted = [int(a) for a in accepted]
         if len(accepted) != len(slots) or (paths is not None and len(paths) != len(slots)):
@@ -296,10 +297,8 @@ class ReplayStatePool:
         new_t = self.cursor[idx].long() + self._index([len(p) for p in paths])
         flushed = new_t >= self.cfg.window
         counts = torch.where(flushed, new_t, torch.zeros_like(new_t))
-        if fold is not None:   # kernels: all rows in one launch per layer (count 0: untouched), no host sync
-            slots_t, counts_t = idx.to(torch.int32), counts.to(torch.int32)
-            for layer in range(self.num_layers):
-                fold(self, layer, slots_t, counts_t)
+        if fold is not None:   # kernels: all rows of all layers in one launch (count 0: untouched), no host sync
+            fold(self, None, idx.to(torch.int32), counts.to(torch.int32))
         else:                  # the reference folds row by row, on the host's lists
             from ..reference.replay import fold_rows
             full = [(s, n) for s, n in zip(slots, counts.tolist()) if n > 0]

@@ -5,6 +5,8 @@ import torch
 from sglang_replayssm.kernels.conv_state import roll_conv_state
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry
 
+from .helpers import DEV   # the kernel runs here (CUDA when present); the reference pool stays on the CPU
+
 C, T, NL = 70, 5, 2   # C: not a multiple of the channel blocks below
 # (slot, draft tree parents, accepted path): a = 1, a tree path (non-contiguous nodes), a chain longer
 # than any W, a deeper tree path, an empty path (no change); slot 6 is allocated but not committed
@@ -40,9 +42,12 @@ def test_roll_matches_the_pools_torch_path(W, dtype, block_c):
     nodes = torch.full((len(rows), T + 2), 99, dtype=torch.int64)
     for b, (_, p) in enumerate(rows):
         nodes[b, :len(p)] = torch.tensor(p)
-    out = roll_conv_state(conv, conv_in, torch.tensor([s for s, _ in rows], dtype=torch.int32),
-                          torch.tensor([len(p) for _, p in rows], dtype=torch.int64), nodes, block_c=block_c)
-    assert out is conv
+    conv_d, conv_in_d = conv.to(DEV), conv_in.to(DEV)
+    out = roll_conv_state(conv_d, conv_in_d, torch.tensor([s for s, _ in rows], dtype=torch.int32, device=DEV),
+                          torch.tensor([len(p) for _, p in rows], dtype=torch.int64, device=DEV), nodes.to(DEV),
+                          block_c=block_c)
+    assert out is conv_d
+    conv = conv_d.cpu()
     assert torch.equal(conv, pool.conv)
     # and the definition, directly: the last W columns of (old state, accepted inputs along the path)
     fresh, _ = filled_pool(W, dtype)
@@ -52,7 +57,7 @@ def test_roll_matches_the_pools_torch_path(W, dtype, block_c):
         assert torch.equal(conv[:, s], want), (s, p)
     for s in (0, 5, 6):   # padding slot, empty path, not committed: untouched
         assert torch.equal(conv[:, s], ref[:, s])
-    assert torch.equal(conv_in, ref_in)
+    assert torch.equal(conv_in_d.cpu(), ref_in)
 
 
 @pytest.mark.parametrize("change, match", [

@@ -72,3 +72,21 @@ def test_verify_mma_stages_and_whole_row_chunk(family):
         km.verify(pk, 0, slots, **x, **par, method="mma", stages=0)
     with pytest.raises(ValueError, match="method must be None"):
         km.verify(pk, 0, slots, **x, **par, method="tensor")
+
+
+@pytest.mark.parametrize("family,read_copy", [("gdn", "fp8"), ("mamba2", "none"), ("kda", "none")])
+def test_fold_every_layer_in_one_launch(family, read_copy):
+    """layer None (pool.commit's call): each layer folded as the reference folds it, layer by layer."""
+    g = torch.Generator().manual_seed(12)
+    pk = make_pool(family, read_copy=read_copy, gen=g, num_layers=3)
+    pr = clone_pool(pk)
+    slots = torch.tensor([2, 4, 1], dtype=torch.int32, device=DEV)
+    counts = torch.tensor([3, 0, 5], dtype=torch.int32, device=DEV)
+    before = pk.ckpt.clone()
+    KERNELS[family].fold(pk, None, slots, counts)
+    for layer in range(3):
+        fold_rows(pr, layer, [2, 1], [3, 5])
+    close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
+    assert torch.equal(pk.ckpt[:, 4], before[:, 4]) and not torch.equal(pk.ckpt[2, 1], before[2, 1])
+    if read_copy == "fp8":
+        close(pk.rc.float() * pk.rc_scale[..., None], pr.rc.float() * pr.rc_scale[..., None], rtol=0.07, atol=1e-3)
