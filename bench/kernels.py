@@ -514,8 +514,9 @@ def verify_methods(geo, spec=None):
 
 def sweep(args):
     """Block-size / warp sweep at one batch size: decode over a full window (flushes included) with
-    an fp32 checkpoint and with an fp8 read copy, and verify of T = 4 / 8 chain drafts alone (no
-    commit fold), each config a CUDA graph of L steps. Picks the configs for the defaults."""
+    an fp32 checkpoint and with an fp8 read copy (skipped with --sweep-decode ""), verify of T = 4 / 8
+    chain drafts alone (no commit fold), and the commit fold after a T = 8 verify with every draft
+    accepted (--sweep-fold), each config a CUDA graph of L steps. Picks the configs for the defaults."""
     dev = torch.cuda.get_device_properties(0)
     RESULTS["meta"] = dict(device=dev.name, torch=torch.__version__, triton=triton.__version__, window=L,
                            command="python bench/kernels.py " + " ".join(sys.argv[1:]), kind="sweep",
