@@ -904,6 +904,44 @@ def gram_update(KrQ, KrK, QK, KK, Kr, Qc, Kc):
 
 
 @triton.jit
-def dot_t(a, b, PREC: tl.constexpr):
-    """a @ b with fp32 accumulation at the chosen input precision."""
-    return tl.dot(a, b, input_precision=PREC)
+def stacked_draft_pass(a_ptr, b_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v,
+                       reck_base, o_r, mask_r, G: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
+                       BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
+                       NORMS: tl.constexpr):
+    """The state pass of a tensor-core verify (GDN: q, k; Mamba-2: C, B): the drafts' rows of a (rows
+    0..BT-1) and of b (rows BT..2BT-1), [T, G, K] per batch row i_b, taken for group i_g, stacked into one
+    operand X (BT >= 8: >= 16 rows, a dot's least); per column chunk S0 X^T [2BT, BV], K_r X^T [BR, 2BT]
+    and X X^T [2BT, 2BT] are one dot each. NORMS: also the rows' squared norms [2BT] (else zeros).
+    Returns (S0X, KrX, XX, norms, the a rows' mask)."""
+    o_x = tl.arange(0, 2 * BT)
+    is_a = o_x < BT
+    t_x = tl.where(is_a, o_x, o_x - BT)
+    mask_x = t_x < T
+    x_rows = ((i_b * T + t_x) * G + i_g) * K
+    x_base = tl.where(is_a, a_ptr + x_rows, b_ptr + x_rows)
+    nx = tl.zeros([2 * BT], dtype=tl.float32)
+    S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)
+    KrX = tl.zeros([BR, 2 * BT], dtype=tl.float32)
+    XX = tl.zeros([2 * BT, 2 * BT], dtype=tl.float32)
+    for c in range(K // BKC):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)
+        Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
+        if NORMS:
+            nx += tl.sum(Xc * Xc, axis=1)
+        S0X += tl.dot(Xc, tl.trans(S0), input_precision=PREC)
+        KrX += tl.dot(Kr, tl.trans(Xc), input_precision=PREC)
+        XX += tl.dot(Xc, tl.trans(Xc), input_precision=PREC)
+    return S0X, KrX, XX, nx, is_a
+
+
+@triton.jit
+def stacked_halves(SX, XX, BT: tl.constexpr, BV: tl.constexpr):
+    """Split stacked_draft_pass's products: SX [2BT, BV] into its a rows and its b rows [BT, BV]; X X^T
+    into the blocks AB[t, i] = a_t . b_i and BB[t, i] = b_t . b_i [BT, BT]. Returns (SA, SB, AB, BB)."""
+    SA, SB = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
+    XXa, XXb = tl.split(tl.permute(tl.reshape(XX, [2, BT, 2 * BT]), (1, 2, 0)))
+    _aa, AB = tl.split(tl.permute(tl.reshape(XXa, [BT, 2, BT]), (0, 2, 1)))
+    _ba, BB = tl.split(tl.permute(tl.reshape(XXb, [BT, 2, BT]), (0, 2, 1)))
+    return SA, SB, AB, BB

@@ -17,8 +17,8 @@ from .common import (check, check_block_k, check_flush_block_k, check_slots, che
                      decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, flush_tiles, fold_store, fold_tile_store, gram_update, INTERPRET, join_stream,
                      launch_stages, LayerViews, load_records, load_state_chunk, next_pow2, on_stream, output_tensor,
-                     record_key_products, replay_pass, ring_program, ring_row, softplus, state_tile, store_draft_d,
-                     verify_blocks)
+                     record_key_products, replay_pass, ring_program, ring_row, softplus, stacked_draft_pass, stacked_halves,
+                     state_tile, store_draft_d, verify_blocks)
 from . import common
 
 L2_EPS = 1e-6
@@ -407,28 +407,12 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
-    o_x = tl.arange(0, 2 * BT)
-    is_q = o_x < BT
-    t_x = tl.where(is_q, o_x, o_x - BT)
-    mask_x = t_x < T
-    x_rows = ((i_b * T + t_x) * HK + i_hk) * K
-    x_base = tl.where(is_q, q_ptr + x_rows, k_ptr + x_rows)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    # one pass: the dots of the raw rows and their norms; the normalisation scales the products after
-    nx = tl.zeros([2 * BT], dtype=tl.float32)
-    S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)
-    KrX = tl.zeros([BR, 2 * BT], dtype=tl.float32)
-    XX = tl.zeros([2 * BT, 2 * BT], dtype=tl.float32)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
-        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
-        Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        nx += tl.sum(Xc * Xc, axis=1)
-        S0X += tl.dot(Xc, tl.trans(S0), input_precision=PREC)
-        KrX += tl.dot(Kr, tl.trans(Xc), input_precision=PREC)
-        XX += tl.dot(Xc, tl.trans(Xc), input_precision=PREC)
+    # one pass over the raw rows (q, then k) and their norms; the normalisation scales the products after
+    S0X, KrX, XX, nx, is_q = stacked_draft_pass(q_ptr, k_ptr, i_b, i_hk, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
+                                                slot * H + i_h, o_v, mask_v, reck_base, o_r, mask_r, HK, K, T, BT,
+                                                BV, BKC, BR, RC, PREC, True)
     rx = tl.where(is_q, scale, 1.0) / tl.sqrt(nx + EPS)
     S0X = S0X * rx[:, None]
     KrX = KrX * rx[None, :]
@@ -436,10 +420,7 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     # Sc x for the stacked rows: gamma S0 x + (w K_r x)^T D_r, the record sum one more dot
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=PREC)
-    SQ, SK = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
-    XXq, XXk = tl.split(tl.permute(tl.reshape(XX, [2, BT, 2 * BT]), (1, 2, 0)))
-    _qq, QK = tl.split(tl.permute(tl.reshape(XXq, [BT, 2, BT]), (0, 2, 1)))
-    _kq, KK = tl.split(tl.permute(tl.reshape(XXk, [BT, 2, BT]), (0, 2, 1)))
+    SQ, SK, QK, KK = stacked_halves(SX, XX, BT, BV)
     _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
                        recd_ptr, recg_ptr, reck_base, (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t,

@@ -276,6 +276,25 @@ def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr
 
 
 @triton.jit
+def _kda_drafts_setup(q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK: tl.constexpr, K: tl.constexpr,
+                      T: tl.constexpr, BT: tl.constexpr, BKC: tl.constexpr, HAS_PARENTS: tl.constexpr,
+                      EPS: tl.constexpr):
+    """What both KDA verify kernels start from: the drafts' index vector o_t, mask and token rows, the
+    q/k row offsets, A_log of head i_h, the q/k normalisers, and the draft tree's ancestor-or-self and
+    strict-ancestor masks [t, i, 1]."""
+    o_t = tl.arange(0, BT)
+    mask_t = o_t < T
+    tok = i_b * T + o_t
+    qk_rows = (tok * HK + i_hk) * K
+    alog = tl.load(alog_ptr + i_h).to(tl.float32)
+    rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
+    ANC, _lg = draft_structure(par_ptr + i_b * T, tl.zeros([BT], dtype=tl.float32), T, BT, HAS_PARENTS)
+    anc3 = ANC[:, :, None] > 0.0
+    strict3 = anc3 & (o_t[:, None, None] != o_t[None, :, None])
+    return o_t, mask_t, tok, qk_rows, alog, rq, rk, anc3, strict3
+
+
+@triton.jit
 def _kda_draft_terms(q_ptr, k_ptr, a_ptr, dtb_ptr, recg_ptr, reck_base, qk_rows, tok, o_kc, mask_t, rq, rk, alog,
                      anc3, strict3, slot, i_h, o_r, mask_r, PQ, PK, H: tl.constexpr, HK: tl.constexpr,
                      K: tl.constexpr, R: tl.constexpr):
@@ -342,15 +361,8 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     Exact fp32 broadcast products."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
-    o_t = tl.arange(0, BT)
-    mask_t = o_t < T
-    tok = i_b * T + o_t
-    qk_rows = (tok * HK + i_hk) * K
-    alog = tl.load(alog_ptr + i_h).to(tl.float32)
-    rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
-    ANC, _lg = draft_structure(par_ptr + i_b * T, tl.zeros([BT], dtype=tl.float32), T, BT, HAS_PARENTS)
-    anc3 = ANC[:, :, None] > 0.0                                   # [t, i, 1]
-    strict3 = anc3 & (o_t[:, None, None] != o_t[None, :, None])
+    o_t, mask_t, tok, qk_rows, alog, rq, rk, anc3, strict3 = _kda_drafts_setup(
+        q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     aq = tl.zeros([BT, BV, BKC], dtype=tl.float32)
@@ -432,15 +444,8 @@ def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     the drafts' own size BT = next_pow2(T)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
-    o_t = tl.arange(0, BT)
-    mask_t = o_t < T
-    tok = i_b * T + o_t
-    qk_rows = (tok * HK + i_hk) * K
-    alog = tl.load(alog_ptr + i_h).to(tl.float32)
-    rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
-    ANC, _lg = draft_structure(par_ptr + i_b * T, tl.zeros([BT], dtype=tl.float32), T, BT, HAS_PARENTS)
-    anc3 = ANC[:, :, None] > 0.0                                   # [t, i, 1]
-    strict3 = anc3 & (o_t[:, None, None] != o_t[None, :, None])
+    o_t, mask_t, tok, qk_rows, alog, rq, rk, anc3, strict3 = _kda_drafts_setup(
+        q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     S0X = tl.zeros([BV, NX], dtype=tl.float32)

@@ -15,7 +15,7 @@ from .common import (check, check_block_k, check_flush_block_k, check_slots, che
                      decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
                      fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records, load_state_chunk,
                      next_pow2, on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
-                     softplus, state_tile, verify_blocks)
+                     softplus, stacked_draft_pass, stacked_halves, state_tile, verify_blocks)
 
 
 @triton.jit
@@ -282,30 +282,14 @@ def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
-    o_x = tl.arange(0, 2 * BT)
-    is_c = o_x < BT
-    t_x = tl.where(is_c, o_x, o_x - BT)
-    x_rows = ((i_b * T + t_x) * G + i_g) * K
-    x_base = tl.where(is_c, C_ptr + x_rows, B_ptr + x_rows)
-    mask_x = t_x < T
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * G + i_g) * K
-    S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)
-    KrX = tl.zeros([BR, 2 * BT], dtype=tl.float32)
-    XX = tl.zeros([2 * BT, 2 * BT], dtype=tl.float32)
-    for c in range(K // BKC):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
-        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
-        Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        S0X += tl.dot(Xc, tl.trans(S0), input_precision=PREC)
-        KrX += tl.dot(Kr, tl.trans(Xc), input_precision=PREC)
-        XX += tl.dot(Xc, tl.trans(Xc), input_precision=PREC)
+    S0X, KrX, XX, _nx, _is_c = stacked_draft_pass(C_ptr, B_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
+                                                  slot * H + i_h, o_v, mask_v, reck_base, o_r, mask_r, G, K, T, BT,
+                                                  BV, BKC, BR, RC, PREC, False)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=PREC)   # rows: Sc C_t, Sc B_t
-    SC, _SB = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
-    XXc, _XXb = tl.split(tl.permute(tl.reshape(XX, [2, BT, 2 * BT]), (1, 2, 0)))
-    _cc, CB = tl.split(tl.permute(tl.reshape(XXc, [BT, 2, BT]), (0, 2, 1)))
+    SC, _SB, CB, _BB = stacked_halves(SX, XX, BT, BV)
     _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
                       recg_ptr, reck_base, (tok * G + i_g) * K, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
                       mask_v, H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z)
