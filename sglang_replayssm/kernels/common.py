@@ -238,20 +238,6 @@ VERIFY_TUNED = {("gdn", "fma"): (32, 2), ("gdn", "mma"): (64, 1), ("gdn", "split
                 ("kda", "fma"): (32, 2), ("kda", "mma"): (128, 1)}
 
 
-def verify_fold_args(lv, slots, per_channel: bool, in_loop: bool) -> dict:
-    """The fold arguments of a verify kernel (verify_rows). A row whose commit left its window full is
-    folded by the verify: in its state loop (in_loop: the tensor-core kernels, with an fp32 checkpoint
-    or an fp8 read copy beside an fp32 one) or else by a fold launch over this layer run here first
-    (FOLD False: the kernel then only reads those rows as folded). Also what the fold needs: the ring's
-    size in records (BR), the SR seed, the absolute layer and the folded counts."""
-    in_loop = in_loop and not lv.shared_quant and (lv.rc_mode == RC_NONE or (lv.rc_mode == RC_FP8 and not lv.ckpt_sr))
-    if not in_loop:
-        cur = lv.cursor[slots.long()]
-        fold(lv.pool, lv.layer, slots, torch.where(cur >= lv.window, cur, torch.zeros_like(cur)), per_channel)
-    return dict(folded_ptr=lv.folded, seed=lv.seed, layer=lv.layer, WINDOW=lv.window, FOLD=in_loop,
-                BR=max(16, next_pow2(lv.R if in_loop else lv.window)), CKPT_SR=lv.ckpt_sr, INTERPRET=INTERPRET)
-
-
 def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple[int, int]:
     """A launch's (block_v, num_warps): the given ones (validated), else the defaults."""
     check(block_v is None or (isinstance(block_v, int) and block_v >= 16 and block_v & (block_v - 1) == 0),
@@ -295,7 +281,6 @@ class LayerViews:
         nl = pool.ckpt.shape[0]
         if not (0 <= int(layer) < nl):
             raise ValueError(f"layer must be in [0, {nl}), got {layer}")
-        self.pool = pool
         self.layer = int(layer)
         self.family = pool.geo.family
         self.ckpt = pool.ckpt[layer]
@@ -508,17 +493,6 @@ def read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC: tl.constex
 
 
 @triton.jit
-def store_fp8_chunk(S, rc_ptr, offs, mask_v, sc, INTERPRET: tl.constexpr):
-    """The fp8 e4m3 read copy of a state chunk S [BV, BKC] at offs, per-row scales sc; returns the codes."""
-    y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
-    if INTERPRET:
-        y = round_e4m3(y)
-    y8 = y.to(tl.float8e4nv)
-    tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
-    return y8
-
-
-@triton.jit
 def store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream, idx_base,
                       K: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr, RC: tl.constexpr,
                       CKPT_SR: tl.constexpr, SHARED: tl.constexpr, INTERPRET: tl.constexpr):
@@ -527,7 +501,11 @@ def store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, s
     stochastic rounding). SHARED: the checkpoint gets the dequantized read copy."""
     offs = rows[:, None] * K + o_kc[None, :]
     if RC == 1:
-        y8 = store_fp8_chunk(S, rc_ptr, offs, mask_v, sc, INTERPRET)
+        y = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
+        if INTERPRET:
+            y = round_e4m3(y)
+        y8 = y.to(tl.float8e4nv)
+        tl.store(rc_ptr + offs, y8, mask=mask_v[:, None])
         if SHARED:
             S = y8.to(tl.float32) * sc[:, None]
     if RC == 2:
@@ -782,98 +760,25 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
     layer, i_h, l = fold_layer_head(layer, H)
     cnt = tl.load(counts_ptr + i_b)
     if cnt > 0:
+        i_hk = i_h // (H // HK)
         row = tl.load(slots_ptr + i_b).to(tl.int64)
+        stream = tl.load(folded_ptr + row) + cnt
+        slot = row + l * S                   # in the first layer's views
         o_v = i_v * BV + tl.arange(0, BV)
-        fold_tile(row + l * S, cnt, tl.load(folded_ptr + row) + cnt, layer, i_h, o_v, o_v < V, ckpt_ptr, rc_ptr,
-                  rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, seed, H, HK, K, V, R, BKC, BV, BR, RC, CKPT_SR,
-                  SHARED, INTERPRET)
+        o_r = tl.arange(0, BR)
+        mask_v = o_v < V
+        mask_r = o_r < cnt
+        Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
+        gtot = tl.sum(Gr, axis=0)
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v,
+                   reck_ptr + (slot * R * HK + i_hk) * K, recd_ptr + (slot * R * H + i_h) * V,
+                   recg_ptr + slot * R * H + i_h, cnt, gtot, 1.0,
+                   tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
+                   HK * K, H * V, H, K, BKC, BV, BR, RC, CKPT_SR, SHARED, False, INTERPRET)
 
 
-@triton.jit
-def fold_tile(slot, cnt, stream, layer, i_h, o_v, mask_v, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-              recg_ptr, seed, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-              BKC: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr,
-              SHARED: tl.constexpr, INTERPRET: tl.constexpr):
-    """Fold records 0..cnt-1 of (slot, value head i_h) into rows o_v of its checkpoint (+ read copy):
-    the fold launch's and the verify's fold-first body (scalar-decay families). stream: the
-    stochastic-rounding stream (folded count after the fold); layer: the absolute layer (SR indices)."""
-    o_r = tl.arange(0, BR)
-    Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=o_r < cnt, other=0.0)
-    fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v,
-               reck_ptr + (slot * R * HK + i_h // (H // HK)) * K, recd_ptr + (slot * R * H + i_h) * V,
-               recg_ptr + slot * R * H + i_h, cnt, tl.sum(Gr, axis=0), 1.0,
-               tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, (layer * H + i_h).to(tl.int64) * (V * K),
-               HK * K, H * V, H, K, BKC, BV, BR, RC, CKPT_SR, SHARED, False, INTERPRET)
-
-
-@triton.jit
-def verify_rows(cur, o_r, WINDOW: tl.constexpr, FOLD: tl.constexpr):
-    """A verify program's view of its row's ring. A row whose commit left its window full (cursor >=
-    WINDOW, "fresh") is folded by this verify: in its column loop (FOLD: fold_chunk_store) or, FOLD
-    False, by a fold launch the wrapper ran before (verify_fold_args). Returns (fresh, fold: fold it
-    here, base: where the ring starts after the verify and its drafts go, 0 for a fresh row, else the
-    cursor; the mask of the records the state pass replays: every committed one, except after a fold
-    launch, none)."""
-    fresh = cur >= WINDOW
-    if FOLD:
-        fold = fresh
-        nrec = cur
-    else:
-        fold = cur < 0
-        nrec = tl.where(fresh, 0, cur)
-    return fresh, fold, tl.where(fresh, 0, cur), o_r < nrec
-
-
-@triton.jit
-def fold_chunk_store(S0, e, KW, recd_ptr, slot, i_h, o_r, mask_r, w, o_v, mask_v, o_kc, ckpt_ptr, head_rows, amax,
-                     seed, stream, idx_base, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
-                     BKC: tl.constexpr, BV: tl.constexpr, CKPT_SR: tl.constexpr, INTERPRET: tl.constexpr,
-                     PREC: tl.constexpr):
-    """A verify's fold of a full window, one column chunk, in its state loop: S = S0 e + (w D_r)^T KW
-    (e: the window's decay, a scalar or per column; KW: the chunk's record keys, KDA's with their
-    per-column decays) into the checkpoint (fp32 or fp16 SR). The record values D_r are loaded here,
-    so that only folding rows hold them. Returns amax with the chunk's row maxima (the read copy's
-    scales: verify_fold_read_copy after the loop)."""
-    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    S = S0 * e + tl.dot(tl.trans(Dr * w[:, None]), KW, input_precision=PREC)
-    store_state_chunk(S, ckpt_ptr, ckpt_ptr, ckpt_ptr, head_rows + o_v, o_v, o_kc, 0, mask_v, amax, 1.0, seed, stream,
-                      idx_base, K, BKC, BV, 0, CKPT_SR, False, INTERPRET)
-    return tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
-
-
-@triton.jit
-def verify_fold_read_copy(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, amax, K: tl.constexpr,
-                          BKC: tl.constexpr, RC: tl.constexpr, INTERPRET: tl.constexpr):
-    """After a verify's in-loop fold (fold_chunk_store): the fp8 read copy of the new checkpoint rows,
-    scales from their maxima, the rows read back (this program just wrote them: L2)."""
-    if RC == 1:
-        tl.debug_barrier()
-        rows = head_rows + o_v
-        sc, _gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, RC)
-        for c in range(K // BKC):
-            offs = rows[:, None] * K + (c * BKC + tl.arange(0, BKC))[None, :]
-            S = tl.load(ckpt_ptr + offs, mask=mask_v[:, None], other=0.0)
-            store_fp8_chunk(S, rc_ptr, offs, mask_v, sc, INTERPRET)
-
-
-@triton.jit
-def verify_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, fresh,
-                       K: tl.constexpr, RC: tl.constexpr):
-    """load_state_chunk for a verify: a row that just folded (fresh) reads its new fp32 checkpoint, as a
-    flush row of a decode does; others the read copy (RC) or the checkpoint."""
-    if RC == 0:
-        S = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, 0)
-    else:
-        if fresh:
-            S = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, 0)
-        else:
-            S = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)
-    return S
-
-
-# The fold's blocks (block_v, block_k, num_warps) per family (the fold launch of pool.settle / force_flush, and
-# the verify's fold-first blocks, rows capped at its block_v), measured on the H200 at batch 256 with
+# The commit fold's blocks (block_v, block_k, num_warps) per family, measured on the H200 at batch 256 with
 # half the rows folding (bench/README.md, Kernels, "Fourth run"): 2-warp programs of 32 value rows walking
 # 32-column chunks (whole 128-column rows and 4-8 warps were slower).
 FOLD_TUNED = {"gdn": (32, 32, 2), "mamba2": (32, 32, 2), "kda": (32, 32, 2)}
@@ -882,7 +787,7 @@ FOLD_TUNED = {"gdn": (32, 32, 2), "mamba2": (32, 32, 2), "kda": (32, 32, 2)}
 def fold(pool, layer: int | None, slots, counts, per_channel: bool,
          block_v: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> None:
     """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place, of one layer
-    or (layer None) of every layer of the pool in one launch (pool.settle's call).
+    or (layer None) of every layer of the pool in one launch (pool.commit's call).
 
     slots / counts: int32 tensors [B] on the pool's device, or sequences of ints. Rows with
     counts[b] == 0 are untouched. Does not move cursor/folded (the pool does). Blocks: FOLD_TUNED where
@@ -972,25 +877,12 @@ def delta_solve(M, RHS, beta, o_t, T: tl.constexpr, BT: tl.constexpr, BV: tl.con
 @triton.jit
 def store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H: tl.constexpr, V: tl.constexpr,
                   R: tl.constexpr):
-    """Write the drafts' d records at ring positions cur.. (the verify's base); returns (positions, their mask)."""
+    """Write the drafts' d records at ring positions cur..; returns (positions, their mask)."""
     pos = cur + o_t
     mpos = mask_t & (pos < R)
     tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
              Dd.to(recd_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
     return pos, mpos
-
-
-@triton.jit
-def draft_record_rows(slots_ptr, cursor_ptr, i_b, R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
-                      WINDOW: tl.constexpr):
-    """Where the drafts of batch row i_b go in its ring (the verify's base: 0 for a row whose full window
-    the verify folded, else the cursor): (slot, positions [BT], their mask, token rows, the drafts' mask)."""
-    slot = tl.load(slots_ptr + i_b).to(tl.int64)
-    cur = tl.load(cursor_ptr + slot)
-    o_t = tl.arange(0, BT)
-    mask_t = o_t < T
-    pos = tl.where(cur >= WINDOW, 0, cur) + o_t
-    return slot, pos, mask_t & (pos < R), i_b * T + o_t, mask_t
 
 
 @triton.jit
@@ -1013,18 +905,14 @@ def gram_update(KrQ, KrK, QK, KK, Kr, Qc, Kc):
 
 @triton.jit
 def stacked_draft_pass(a_ptr, b_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v,
-                       fresh, reck_base, o_r, mask_r, fold, recd_ptr, recg_ptr, slot, i_h, seed, stream, idx_base,
-                       G: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
+                       reck_base, o_r, mask_r, G: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
                        BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr, PREC: tl.constexpr,
-                       NORMS: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, FOLD: tl.constexpr,
-                       CKPT_SR: tl.constexpr, INTERPRET: tl.constexpr):
+                       NORMS: tl.constexpr):
     """The state pass of a tensor-core verify (GDN: q, k; Mamba-2: C, B): the drafts' rows of a (rows
     0..BT-1) and of b (rows BT..2BT-1), [T, G, K] per batch row i_b, taken for group i_g, stacked into one
     operand X (BT >= 8: >= 16 rows, a dot's least); per column chunk S0 X^T [2BT, BV], K_r X^T [BR, 2BT]
-    and X X^T [2BT, 2BT] are one dot each (fresh: verify_state_chunk). NORMS: also the rows' squared
-    norms [2BT] (else zeros). fold (FOLD): the row's full window is folded chunk by chunk into the
-    checkpoint on the way (fold_chunk_store; the products still replay the records: the same sums).
-    Returns (S0X, KrX, XX, norms, the a rows' mask, the folded rows' maxima)."""
+    and X X^T [2BT, 2BT] are one dot each. NORMS: also the rows' squared norms [2BT] (else zeros).
+    Returns (S0X, KrX, XX, norms, the a rows' mask)."""
     o_x = tl.arange(0, 2 * BT)
     is_a = o_x < BT
     t_x = tl.where(is_a, o_x, o_x - BT)
@@ -1035,28 +923,17 @@ def stacked_draft_pass(a_ptr, b_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr
     S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)
     KrX = tl.zeros([BR, 2 * BT], dtype=tl.float32)
     XX = tl.zeros([2 * BT, 2 * BT], dtype=tl.float32)
-    amax = tl.zeros([BV], dtype=tl.float32)
-    if FOLD:   # the window's decay weights, for a fold on the way
-        Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
-        gtot = tl.sum(Gr, axis=0)
-        w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
-        gam = tl.exp(gtot)
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
         Xc = tl.load(x_base[:, None] + o_kc[None, :], mask=mask_x[:, None], other=0.0).to(tl.float32)
-        S0 = verify_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, fresh, K, RC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
-        if FOLD:
-            if fold:
-                amax = fold_chunk_store(S0, gam, Kr, recd_ptr, slot, i_h, o_r, mask_r, w, o_v, mask_v, o_kc, ckpt_ptr,
-                                        head_rows, amax, seed, stream, idx_base, H, V, R, K, BKC, BV, CKPT_SR,
-                                        INTERPRET, PREC)
         if NORMS:
             nx += tl.sum(Xc * Xc, axis=1)
         S0X += tl.dot(Xc, tl.trans(S0), input_precision=PREC)
         KrX += tl.dot(Kr, tl.trans(Xc), input_precision=PREC)
         XX += tl.dot(Xc, tl.trans(Xc), input_precision=PREC)
-    return S0X, KrX, XX, nx, is_a, amax
+    return S0X, KrX, XX, nx, is_a
 
 
 @triton.jit

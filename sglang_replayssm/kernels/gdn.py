@@ -1,5 +1,5 @@
 """Gated DeltaNet (GDN) ReplaySSM kernels: decode (non-flush + flush rows in one launch),
-output-only verify (chain + tree), the fold, and the conventional decode baseline.
+output-only verify (chain + tree), commit fold, and the conventional decode baseline.
 
 Layout and math: docs/layout.md. Per value head h (k-head h // (H // Hk)):
   g = -exp(A_log) softplus(a + dt_bias), alpha = exp(g), beta = sigmoid(b),
@@ -16,10 +16,9 @@ import triton.language as tl
 from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
                      decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, flush_tiles, fold_store, fold_tile_store, gram_update, INTERPRET, join_stream,
-                     draft_record_rows, launch_stages, LayerViews, load_records, next_pow2, on_stream,
-                     output_tensor, record_key_products, replay_pass, ring_program, ring_row, softplus,
-                     stacked_draft_pass, stacked_halves, state_tile, store_draft_d, verify_blocks, verify_fold_args,
-                     verify_fold_read_copy, verify_rows, verify_state_chunk)
+                     launch_stages, LayerViews, load_records, load_state_chunk, next_pow2, on_stream, output_tensor,
+                     record_key_products, replay_pass, ring_program, ring_row, softplus, stacked_draft_pass, stacked_halves,
+                     state_tile, store_draft_d, verify_blocks)
 from . import common
 
 L2_EPS = 1e-6
@@ -228,13 +227,15 @@ def _gdn_conv_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_p
 
 
 @triton.jit
-def _gdn_drafts_finish(SQ, SK, QK, KK, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, recd_ptr, tok, slot,
-                       base, i_b, i_h, o_t, mask_t, o_v, mask_v, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                       T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, HAS_PARENTS: tl.constexpr):
+def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                       mask_v, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                       HAS_PARENTS: tl.constexpr):
     """The drafts' part of a GDN verify, given Sc q_t (SQ), Sc k_t (SK) [BT, BV] of the committed
     state Sc and the drafts' Gram products q_t.k_i (QK), k_t.k_i (KK): gates, the path decays,
-    the within-draft delta rule by forward substitution (topological order), the outputs and the
-    drafts' d records at ring positions base.. (their g and k: _gdn_draft_records_kernel)."""
+    the within-draft delta rule by forward substitution (topological order), the outputs and the T
+    draft records (d, g, and the normalised k = k_row * rk) at ring positions cursor.."""
     Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
@@ -250,48 +251,31 @@ def _gdn_drafts_finish(SQ, SK, QK, KK, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, p
     O = tl.exp(LG)[:, None] * SQ + tl.sum((E * QK)[:, :, None] * Dd[None, :, :], axis=1)
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_v[None, :])
-    store_draft_d(recd_ptr, Dd, slot, base, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
+    pos, mpos = store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
+        if i_h % (H // HK) == 0:
+            for c in range(K // BKC):
+                o_kc = c * BKC + tl.arange(0, BKC)
+                Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_base.dtype.element_ty),
+                         mask=mpos[:, None])
 
 
 @triton.jit
-def _gdn_draft_records_kernel(k_ptr, a_ptr, alog_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
-                              H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
-                              BT: tl.constexpr, WINDOW: tl.constexpr, EPS: tl.constexpr):
-    """After a verify launch, one program per (k-head, row): the drafts' normalised k records (per
-    k-head) and g records (per value head of the group) at the verify's base. A launch of their own,
-    because the verify's fold-first programs read the committed g and k records at those positions."""
-    i_hk = tl.program_id(0)
-    i_b = tl.program_id(1)
-    slot, pos, mpos, tok, mask_t = draft_record_rows(slots_ptr, cursor_ptr, i_b, R, T, BT, WINDOW)
-    o_k = tl.arange(0, K)
-    Kt = tl.load(k_ptr + ((tok * HK + i_hk) * K)[:, None] + o_k[None, :], mask=mask_t[:, None],
-                 other=0.0).to(tl.float32)
-    Kt = Kt / tl.sqrt(tl.sum(Kt * Kt, axis=1) + EPS)[:, None]
-    tl.store(reck_ptr + (((slot * R + pos) * HK + i_hk) * K)[:, None] + o_k[None, :], Kt.to(reck_ptr.dtype.element_ty),
-             mask=mpos[:, None])
-    for j in tl.static_range(H // HK):
-        i_h = i_hk * (H // HK) + j
-        G = _gdn_gate(tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32), alog_ptr, dtb_ptr, i_h)
-        tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
-
-
-@triton.jit(do_not_specialize=["seed", "layer"])
 def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                        slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
                        recd_ptr, reck_ptr, recg_ptr, scale,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr,
-                       WINDOW: tl.constexpr):
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
     """Output-only verify of T drafts (chain or tree): O = exp(G) Sc Q + (E * QK^T) Dd, with the
-    draft d's from the within-draft delta-rule solve; writes the drafts' d records at the base (common.verify_rows;
-    their g and k records: _gdn_draft_records_kernel).
+    draft d's from the within-draft delta-rule solve; writes the T draft records at cursor..
     All products are exact fp32 elementwise/broadcast sums over column chunks (T is small:
     padding it to a tensor-core tile would waste most of the work)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
-    fresh, _fold, cur, mask_r = verify_rows(cur, o_r, WINDOW, False)   # full windows: folded by a launch before
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
@@ -309,8 +293,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
         Qc, Kc = draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk)
-        S0 = verify_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, fresh,
-                                K, RC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * (HK * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
         aq += S0[None, :, :] * Qc[:, None, :]
         ak += S0[None, :, :] * Kc[:, None, :]
@@ -318,15 +301,15 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc q_t [BT, BV]
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
-    _gdn_drafts_finish(SQ, SK, QK, KK, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, recd_ptr, tok, slot,
-                       cur, i_b, i_h, o_t, mask_t, o_v, mask_v, H, V, R, T, BT, BV, HAS_PARENTS)
+    _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                       mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
 
 
 @triton.jit
 def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_ptr, scale,
                            HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
-                           BT: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr,
-                           WINDOW: tl.constexpr):
+                           BT: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
     """Split verify, stage 1, one program per (row, k-head): everything of a verify that does not
     touch the state or the value rows, computed once instead of in every (value head, value block)
     program: the drafts' q/k normalisers and the products K_r q_t, K_r k_t (committed keys x drafts)
@@ -337,7 +320,7 @@ def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_p
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     cur = tl.load(cursor_ptr + slot)
     o_r = tl.arange(0, BR)
-    mask_r = o_r < tl.where(cur >= WINDOW, 0, cur)   # a full window: the verify folds it, no records after
+    mask_r = o_r < cur
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     qk_rows = ((i_b * T + o_t) * HK + i_hk) * K
@@ -363,21 +346,19 @@ def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_p
     tl.store(g + 2 * BR * BT + 2 * BT * BT + BT + o_t, rk)
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit
 def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                              slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
                              recd_ptr, reck_ptr, recg_ptr, gram_ptr,
                              H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                              R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                              BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                             HAS_PARENTS: tl.constexpr,
-                             WINDOW: tl.constexpr):
+                             HAS_PARENTS: tl.constexpr):
     """Split verify, stage 2: the same result as _gdn_verify_kernel, whose state pass here only
     accumulates S0 q_t and S0 k_t elementwise (no reduction inside the loop); the record and draft
     products come from stage 1 (gram_ptr)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
-    fresh, _fold, cur, mask_r = verify_rows(cur, o_r, WINDOW, False)   # full windows: folded by a launch before
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
@@ -391,8 +372,7 @@ def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     for c in range(K // BKC):
         o_kc = c * BKC + tl.arange(0, BKC)
         Qc, Kc = draft_chunk(q_ptr, k_ptr, qk_rows, o_kc, mask_t, rq, rk)
-        S0 = verify_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, fresh,
-                                K, RC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         aq += S0[None, :, :] * Qc[:, None, :]
         ak += S0[None, :, :] * Kc[:, None, :]
     rt = o_r[:, None] * BT + o_t[None, :]
@@ -404,42 +384,35 @@ def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
-    _gdn_drafts_finish(SQ, SK, QK, KK, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, recd_ptr, tok, slot,
-                       cur, i_b, i_h, o_t, mask_t, o_v, mask_v, H, V, R, T, BT, BV, HAS_PARENTS)
+    _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_ptr + (slot * R * HK + i_hk) * K, qk_rows, tok, slot, cur, i_b,
+                       i_h, i_v, o_t, mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit
 def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                            slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                           recd_ptr, reck_ptr, recg_ptr, folded_ptr, scale, seed, layer,
+                           recd_ptr, reck_ptr, recg_ptr, scale,
                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                            BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
-                           WINDOW: tl.constexpr, FOLD: tl.constexpr, CKPT_SR: tl.constexpr, INTERPRET: tl.constexpr):
+                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
     """The same verify as _gdn_verify_kernel, with the state-sized products on tensor cores: the
     drafts' q (rows 0..BT-1) and k (rows BT..2BT-1) are stacked into one operand X (BT >= 8, so
     X has >= 16 rows) and S0 X^T, K_r X^T, X X^T are three dots per column chunk (3xTF32 default),
     of the raw rows in one pass (the norms scale the products after), and the records' share of
-    Sc X^T one dot more. block_k up to head_k_dim (one chunk: the whole tile in one load). A full
-    window is folded into the checkpoint on the way (common.verify_rows, stacked_draft_pass)."""
+    Sc X^T one dot more. block_k up to head_k_dim (one chunk: the whole tile in one load)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
-    fresh, fold, base, mask_r = verify_rows(cur, o_r, WINDOW, FOLD)
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     # one pass over the raw rows (q, then k) and their norms; the normalisation scales the products after
-    S0X, KrX, XX, nx, is_q, amax = stacked_draft_pass(
-        q_ptr, k_ptr, i_b, i_hk, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, fresh,
-        reck_base, o_r, mask_r, fold, recd_ptr, recg_ptr, slot, i_h, seed, tl.load(folded_ptr + slot) + cur,
-        (layer * H + i_h).to(tl.int64) * (V * K), HK, K, T, BT, BV, BKC, BR, RC, PREC, True, H, V, R, FOLD, CKPT_SR,
-        INTERPRET)
-    if fold:
-        verify_fold_read_copy(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, amax, K, BKC,
-                              RC, INTERPRET)
+    S0X, KrX, XX, nx, is_q = stacked_draft_pass(q_ptr, k_ptr, i_b, i_hk, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
+                                                slot * H + i_h, o_v, mask_v, reck_base, o_r, mask_r, HK, K, T, BT,
+                                                BV, BKC, BR, RC, PREC, True)
     rx = tl.where(is_q, scale, 1.0) / tl.sqrt(nx + EPS)
     S0X = S0X * rx[:, None]
     KrX = KrX * rx[None, :]
@@ -449,8 +422,9 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=PREC)
     SQ, SK, QK, KK = stacked_halves(SX, XX, BT, BV)
     _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
-    _gdn_drafts_finish(SQ, SK, QK, KK, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, recd_ptr, tok, slot,
-                       base, i_b, i_h, o_t, mask_t, o_v, mask_v, H, V, R, T, BT, BV, HAS_PARENTS)
+    _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
+                       recd_ptr, recg_ptr, reck_base, (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t,
+                       mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
 
 
 @triton.jit
@@ -555,9 +529,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *,
            out=None, block_v=None, block_k=None, num_warps=None, method=None, stages=None):
     """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
-    or None for a chain). Writes the draft records at the ring's base: the cursor, or 0 for a row whose
-    window a commit left full, which is folded into the checkpoint first (common.verify_rows);
-    returns out [B, T, H, Dv]. Commit with pool.commit (a pointer move).
+    or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
+    returns out [B, T, H, Dv]. Commit with pool.commit (which folds through fold below).
     method: "fma" (exact fp32 broadcast products), "mma" (the state products as 3xTF32 tensor-core
     dots), "split" (draft/record products once per (row, k-head) first) or None: "mma" (the fastest at
     every T = 1..8 on the H200, bench/README.md). Default blocks: common.VERIFY_TUNED (mma: one warp per 64
@@ -583,35 +556,31 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     nst = launch_stages(stages)
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
-    par = parents if parents is not None else slots
-    fa = verify_fold_args(lv, slots, per_channel=False, in_loop=method == "mma")
-    BR = fa.pop("BR")
-    if method != "mma":   # the fold ran as its own launch: the kernel only needs the window
-        fa = {"WINDOW": lv.window}
     if method == "split":  # record/draft products once per (row, k-head), then the state pass
-        BT, BKC = next_pow2(T), check_block_k(block_k, Dk) or chunk_k(Dk, 16)
+        BT, BR, BKC = next_pow2(T), max(16, next_pow2(lv.window)), check_block_k(block_k, Dk) or chunk_k(Dk, 16)
         gram = torch.empty((B, Hk, 2 * BR * BT + 2 * BT * BT + 2 * BT), dtype=torch.float32, device=lv.device)
         _gdn_draft_gram_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, gram, scale, HK=Hk, K=Dk, R=lv.R, T=T,
-                                         BT=BT, BKC=BKC, BR=BR, EPS=L2_EPS, WINDOW=lv.window, num_warps=4)
-        _gdn_verify_split_kernel[grid](q, k, v, a, b, A_log, dt_bias, par, out, slots, lv.cursor, lv.ckpt, rc, rs,
-                                       rgs, lv.rec_d, lv.rec_k, lv.rec_g, gram, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T,
-                                       BT=BT, BV=BV, BKC=BKC, BR=BR, RC=lv.rc_mode, HAS_PARENTS=parents is not None,
-                                       num_warps=num_warps, **fa)
-    elif method == "mma":  # tensor-core variant (3xTF32 on the GPU)
-        _gdn_verify_mma_kernel[grid](q, k, v, a, b, A_log, dt_bias, par, out, slots, lv.cursor,
-                                     lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale=scale,
+                                         BT=BT, BKC=BKC, BR=BR, EPS=L2_EPS, num_warps=4)
+        _gdn_verify_split_kernel[grid](q, k, v, a, b, A_log, dt_bias, parents if parents is not None else slots,
+                                       out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
+                                       gram, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=BT, BV=BV, BKC=BKC, BR=BR,
+                                       RC=lv.rc_mode, HAS_PARENTS=parents is not None, num_warps=num_warps)
+        return out
+    if method == "mma":  # tensor-core variant (3xTF32 on the GPU)
+        _gdn_verify_mma_kernel[grid](q, k, v, a, b, A_log, dt_bias,
+                                     parents if parents is not None else slots, out, slots, lv.cursor,
+                                     lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                                      H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(8, next_pow2(T)), BV=BV,
-                                     BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=BR,
+                                     BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)),
                                      RC=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS,
-                                     PREC="ieee" if INTERPRET else "tf32x3", num_warps=num_warps, **nst, **fa)
-    else:
-        _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias, par, out, slots, lv.cursor,
-                                 lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale=scale,
-                                 H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
-                                 BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=BR, RC=lv.rc_mode,
-                                 HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps, **fa)
-    _gdn_draft_records_kernel[(Hk, B)](k, a, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, H=H, HK=Hk, K=Dk,
-                                       R=lv.R, T=T, BT=next_pow2(T), WINDOW=lv.window, EPS=L2_EPS, num_warps=4)
+                                     PREC="ieee" if INTERPRET else "tf32x3", num_warps=num_warps, **nst)
+        return out
+    _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
+                             parents if parents is not None else slots, out, slots, lv.cursor,
+                             lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
+                             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
+                             BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+                             HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps)
     return out
 
 
@@ -638,7 +607,6 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 
 def fold(pool, layer, slots, counts, **kw):
-    """The fold launch (pool.settle, force_flush; a verify with an NVFP4 read copy): records
-    0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer in one launch (layer
-    None); counts 0 = no-op (common.fold)."""
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
+    in one launch (layer None); counts 0 = no-op (common.fold)."""
     common.fold(pool, layer, slots, counts, per_channel=False, **kw)

@@ -4,7 +4,7 @@ Per value head: g = -exp(A_log) softplus(a + dt_bias) in R^K, S' = S Diag(exp(g)
 d = beta (v - S' k), S_t = S' + d k^T, o = S_t q. With the records (d_j, k_j, g_j) since the
 checkpoint and G = cumulative log-decays: S = S0 Diag(exp(G_c)) + sum_j d_j (k_j * exp(G_c - G_j))^T.
 Records: d [H, Dv], k [Hk, Dk], g [H, Dk]. Decode (non-flush + flush rows in one launch),
-the fold and the conventional baseline.
+commit fold and the conventional baseline.
 """
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ import triton.language as tl
 
 from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
                      decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
-                     draft_record_rows, draft_structure, fold_layer_head, FOLD_PREC, INTERPRET, join_stream,
-                     launch_stages, LayerViews, load_state_chunk, next_pow2, on_stream, output_tensor,
-                     read_copy_scales, ring_program, ring_row, softplus, store_draft_d, store_state_chunk,
-                     fold_chunk_store, verify_blocks, verify_fold_args, verify_fold_read_copy, verify_rows,
-                     verify_state_chunk)
+                     draft_structure, fold_layer_head, FOLD_PREC, INTERPRET, join_stream, launch_stages, LayerViews,
+                     load_state_chunk, next_pow2, on_stream, output_tensor, read_copy_scales, ring_program, ring_row,
+                     softplus, store_draft_d, store_state_chunk, verify_blocks)
 from . import common
 
 L2_EPS = 1e-6
@@ -260,28 +258,21 @@ def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr
     layer, i_h, l = fold_layer_head(layer, H)
     cnt = tl.load(counts_ptr + i_b)
     if cnt > 0:
+        i_hk = i_h // (H // HK)
         row = tl.load(slots_ptr + i_b).to(tl.int64)
+        stream = tl.load(folded_ptr + row) + cnt
+        slot = row + l * S                   # in the first layer's views (common.fold_layer_head)
         o_v = i_v * BV + tl.arange(0, BV)
-        _kda_fold_tile(row + l * S, cnt, tl.load(folded_ptr + row) + cnt, layer, i_h, o_v, o_v < V, ckpt_ptr,
-                       rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, seed, H, HK, K, V, R, BKC, BV, BR, RC,
-                       CKPT_SR, SHARED, INTERPRET)
-
-
-@triton.jit
-def _kda_fold_tile(slot, cnt, stream, layer, i_h, o_v, mask_v, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                   recg_ptr, seed, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   R: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                   CKPT_SR: tl.constexpr, SHARED: tl.constexpr, INTERPRET: tl.constexpr):
-    """common.fold_tile for KDA: records 0..cnt-1 of (slot, head i_h) into checkpoint rows o_v."""
-    o_r = tl.arange(0, BR)
-    mask_r = o_r < cnt
-    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v, recg_ptr,
-                    reck_ptr + (slot * R * HK + i_h // (H // HK)) * K, slot, i_h, o_r, mask_r, Dr, recg_ptr, 0.0,
-                    recg_ptr, tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream,
-                    (layer * H + i_h).to(tl.int64) * (V * K), H, K, R, HK * K, BKC, BV, RC, CKPT_SR, SHARED, False,
-                    INTERPRET)
+        o_r = tl.arange(0, BR)
+        mask_v = o_v < V
+        mask_r = o_r < cnt
+        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v, recg_ptr,
+                        reck_ptr + (slot * R * HK + i_hk) * K, slot, i_h, o_r, mask_r, Dr, recg_ptr, 0.0,
+                        recg_ptr, tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
+                        H, K, R, HK * K, BKC, BV, RC, CKPT_SR, SHARED, False, INTERPRET)
 
 
 @triton.jit
@@ -327,13 +318,13 @@ def _kda_draft_terms(q_ptr, k_ptr, a_ptr, dtb_ptr, recg_ptr, reck_base, qk_rows,
 
 
 @triton.jit
-def _kda_drafts_finish(SQ, SK, PQ, PK, v_ptr, b_ptr, out_ptr, recd_ptr, tok, slot, base, i_h, o_t, mask_t, o_v, mask_v,
-                       H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
-                       BV: tl.constexpr):
+def _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
+                       recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                       H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                       T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr):
     """The drafts' part of a KDA verify, given S'_t q_t (SQ) and S'_t k_t (SK) [BT, BV] of the
     committed state and the draft products PQ, PK (_kda_draft_terms): the within-draft delta rule by
-    forward substitution, the outputs and the drafts' d records at base.. (their g and k:
-    _kda_draft_records_kernel)."""
+    forward substitution, the outputs and the T draft records (d, g, normalised k) at cursor.."""
     Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     beta = tl.sigmoid(tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32))
@@ -341,42 +332,27 @@ def _kda_drafts_finish(SQ, SK, PQ, PK, v_ptr, b_ptr, out_ptr, recd_ptr, tok, slo
     O = SQ + tl.sum(PQ[:, :, None] * Dd[None, :, :], axis=1)
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_v[None, :])
-    store_draft_d(recd_ptr, Dd, slot, base, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
+    pos, mpos = store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
+    if i_v == 0:
+        for c in range(K // BKC):
+            o_kc = c * BKC + tl.arange(0, BKC)
+            ac = tl.load(a_ptr + (tok[:, None] * H + i_h) * K + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
+            gd = -tl.exp(alog) * softplus(ac + tl.load(dtb_ptr + i_h * K + o_kc).to(tl.float32)[None, :])
+            tl.store(recg_ptr + ((slot * R + pos[:, None]) * H + i_h) * K + o_kc[None, :], gd, mask=mpos[:, None])
+            if i_h % (H // HK) == 0:
+                Kc = tl.load(k_ptr + qk_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32) * rk[:, None]
+                tl.store(reck_base + pos[:, None] * (HK * K) + o_kc[None, :], Kc.to(reck_ptr.dtype.element_ty),
+                         mask=mpos[:, None])
 
 
 @triton.jit
-def _kda_draft_records_kernel(k_ptr, a_ptr, alog_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
-                              H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
-                              BT: tl.constexpr, WINDOW: tl.constexpr, EPS: tl.constexpr):
-    """After a verify launch, one program per (k-head, row): the drafts' normalised k records (per
-    k-head) and per-channel g records (per value head of the group) at the verify's base. A launch of
-    their own, because the verify's fold-first programs read the committed records at those positions."""
-    i_hk = tl.program_id(0)
-    i_b = tl.program_id(1)
-    slot, pos, mpos, tok, mask_t = draft_record_rows(slots_ptr, cursor_ptr, i_b, R, T, BT, WINDOW)
-    o_k = tl.arange(0, K)
-    Kt = tl.load(k_ptr + ((tok * HK + i_hk) * K)[:, None] + o_k[None, :], mask=mask_t[:, None],
-                 other=0.0).to(tl.float32)
-    Kt = Kt / tl.sqrt(tl.sum(Kt * Kt, axis=1) + EPS)[:, None]
-    tl.store(reck_ptr + (((slot * R + pos) * HK + i_hk) * K)[:, None] + o_k[None, :], Kt.to(reck_ptr.dtype.element_ty),
-             mask=mpos[:, None])
-    for j in tl.static_range(H // HK):
-        i_h = i_hk * (H // HK) + j
-        ac = tl.load(a_ptr + ((tok * H + i_h) * K)[:, None] + o_k[None, :], mask=mask_t[:, None], other=0.0)
-        gd = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(
-            ac.to(tl.float32) + tl.load(dtb_ptr + i_h * K + o_k).to(tl.float32)[None, :])
-        tl.store(recg_ptr + (((slot * R + pos) * H + i_h) * K)[:, None] + o_k[None, :], gd, mask=mpos[:, None])
-
-
-@triton.jit(do_not_specialize=["seed", "layer"])
 def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                        slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
                        recd_ptr, reck_ptr, recg_ptr, scale,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr,
-                       WINDOW: tl.constexpr):
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
     """Output-only verify of T KDA drafts (chain or tree). Per key channel c, with G the committed
     records' cumulative log-decay and L_t the drafts' along the path to t:
     S'_t x = S0 (exp(G + L_t) x) + sum_j d_j (k_j exp(G - G_j + L_t)) . x
@@ -385,7 +361,6 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     Exact fp32 broadcast products."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
-    fresh, _fold, cur, mask_r = verify_rows(cur, o_r, WINDOW, False)   # full windows: folded by a launch before
     o_t, mask_t, tok, qk_rows, alog, rq, rk, anc3, strict3 = _kda_drafts_setup(
         q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS)
     head_rows = (slot * H + i_h) * V
@@ -401,8 +376,7 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
         qL, kL, Kr, egt, PQ, PK = _kda_draft_terms(q_ptr, k_ptr, a_ptr, dtb_ptr, recg_ptr, reck_base, qk_rows, tok,
                                                    o_kc, mask_t, rq, rk, alog, anc3, strict3, slot, i_h, o_r,
                                                    mask_r, PQ, PK, H, HK, K, R)
-        S0 = verify_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, fresh,
-                                K, RC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         aq += S0[None, :, :] * (qL * egt[None, :])[:, None, :]
         ak += S0[None, :, :] * (kL * egt[None, :])[:, None, :]
         KrQ += tl.sum(Kr[:, None, :] * qL[None, :, :], axis=2)
@@ -411,8 +385,9 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
                  mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     SQ = tl.sum(aq, axis=2) + tl.sum(KrQ[:, :, None] * Dr[:, None, :], axis=0)
     SK = tl.sum(ak, axis=2) + tl.sum(KrK[:, :, None] * Dr[:, None, :], axis=0)
-    _kda_drafts_finish(SQ, SK, PQ, PK, v_ptr, b_ptr, out_ptr, recd_ptr, tok, slot, cur, i_h, o_t, mask_t, o_v, mask_v,
-                       H, V, R, T, BT, BV)
+    _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
+                       recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                       H, HK, K, V, R, T, BT, BV, BKC)
 
 
 @triton.jit
@@ -452,29 +427,23 @@ def _unpad_rows(x, R: tl.constexpr, N: tl.constexpr, C: tl.constexpr):
     return x
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit
 def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                            slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                           recd_ptr, reck_ptr, recg_ptr, folded_ptr, scale, seed, layer,
+                           recd_ptr, reck_ptr, recg_ptr, scale,
                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                            BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, NX: tl.constexpr,
-                           WINDOW: tl.constexpr, FOLD: tl.constexpr, CKPT_SR: tl.constexpr, INTERPRET: tl.constexpr):
+                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, NX: tl.constexpr):
     """The same verify as _kda_verify_kernel, with the state-sized products on tensor cores: per
     column chunk the drafts' q_t exp(L_t) (rows 0..BT-1) and k_t exp(L_t) (rows BT..2BT-1) are
     stacked into one operand X (zero rows up to NX = max(16, 2 BT), a dot's least), and
     (S0 Diag(exp G)) X^T [BV, NX] and (K_r W) X^T [BR, NX] are one dot each, sharing the X^T operand
     (3xTF32 default); the records' share D_r^T (K_r W X^T) one dot more after the loop. The draft
     x draft products keep their per-channel decays (broadcast sums, _kda_draft_terms) and stay at
-    the drafts' own size BT = next_pow2(T). A full window is folded into the
-    checkpoint on the way (common.verify_rows, fold_chunk_store)."""
+    the drafts' own size BT = next_pow2(T)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
-    fresh, fold, base, mask_r = verify_rows(cur, o_r, WINDOW, FOLD)
-    stream = tl.load(folded_ptr + slot) + cur
-    idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-    amax = tl.zeros([BV], dtype=tl.float32)
     o_t, mask_t, tok, qk_rows, alog, rq, rk, anc3, strict3 = _kda_drafts_setup(
         q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS)
     head_rows = (slot * H + i_h) * V
@@ -490,25 +459,17 @@ def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
                                                    mask_r, PQ, PK, H, HK, K, R)
         X = tl.reshape(tl.permute(tl.join(qL, kL), (2, 0, 1)), [2 * BT, BKC])   # rows: qL, then kL
         XT = tl.trans(_pad_rows(X, 2 * BT, NX, BKC))
-        S0 = verify_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, fresh,
-                                K, RC)
-        if FOLD:   # a full window into the checkpoint on the way (the products below still replay it)
-            if fold:
-                amax = fold_chunk_store(S0, egt[None, :], Kr, recd_ptr, slot, i_h, o_r, mask_r,
-                                        tl.where(mask_r, 1.0, 0.0), o_v, mask_v, o_kc, ckpt_ptr, head_rows, amax, seed,
-                                        stream, idx_base, H, V, R, K, BKC, BV, CKPT_SR, INTERPRET, PREC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         S0X += tl.dot(S0 * egt[None, :], XT, input_precision=PREC)
         KrX += tl.dot(Kr, XT, input_precision=PREC)
-    if fold:
-        verify_fold_read_copy(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, amax, K, BKC,
-                              RC, INTERPRET)
     Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
                  mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     SX = S0X + tl.dot(tl.trans(Dr), KrX, input_precision=PREC)          # columns: S'_t q_t, S'_t k_t, 0..
     SX = _unpad_rows(tl.trans(SX), 2 * BT, NX, BV)                      # [2BT, BV]
     SQ, SK = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
-    _kda_drafts_finish(SQ, SK, PQ, PK, v_ptr, b_ptr, out_ptr, recd_ptr, tok, slot, base, i_h, o_t, mask_t, o_v, mask_v,
-                       H, V, R, T, BT, BV)
+    _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
+                       recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                       H, HK, K, V, R, T, BT, BV, BKC)
 
 
 @triton.jit
@@ -626,8 +587,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
            out=None, block_v=None, block_k=None, num_warps=None, method=None, stages=None):
     """Output-only verify of T KDA draft tokens per row (q/k [B, T, Hk, Dk], v [B, T, H, Dv],
     a [B, T, H, Dk], b [B, T, H]; parents [B, T] int32 or None for a chain). Writes the draft records
-    at the ring's base: the cursor, or 0 for a row whose window a commit left full, which is folded into
-    the checkpoint first; returns out [B, T, H, Dv]. Commit: pool.commit (a pointer move).
+    at cursor..cursor+T-1 (no state write); returns out [B, T, H, Dv]. Commit: pool.commit(fold=fold).
     method: "fma" (exact fp32 broadcast products), "mma" (the state-sized products as 3xTF32
     tensor-core dots; the draft x draft products stay broadcast sums) or None ("mma": 5-8x faster at T = 4..8
     on the H200). Default blocks: common.VERIFY_TUNED. stages: the mma launch's software pipelining of the
@@ -656,20 +616,14 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
     kern, extra = _kda_verify_kernel, {}
-    fa = verify_fold_args(lv, slots, per_channel=True, in_loop=method == "mma")
-    BR = fa.pop("BR")
-    if method != "mma":   # the fold ran as its own launch: the kernel only needs the window
-        fa = {"WINDOW": lv.window}
     if method == "mma":  # tensor-core variant (3xTF32 on the GPU); NX: the stacked q/k operand's rows, >= 16
         kern, extra = _kda_verify_mma_kernel, dict(PREC="ieee" if INTERPRET else "tf32x3", NX=max(16, 2 * next_pow2(T)),
                                                    **nst)
     kern[grid](q, k, v, a, b, A_log, dt_bias, parents if parents is not None else slots, out,
-               slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale=scale,
+               slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
-               BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=BR, RC=lv.rc_mode,
-               HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps, **extra, **fa)
-    _kda_draft_records_kernel[(Hk, B)](k, a, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, H=H, HK=Hk, K=Dk,
-                                       R=lv.R, T=T, BT=next_pow2(T), WINDOW=lv.window, EPS=L2_EPS, num_warps=4)
+               BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+               HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps, **extra)
     return out
 
 
@@ -694,7 +648,6 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 
 def fold(pool, layer, slots, counts, **kw):
-    """The fold launch (pool.settle, force_flush; a verify with an NVFP4 read copy): records
-    0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer in one launch (layer
-    None); counts 0 = no-op (common.fold)."""
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
+    in one launch (layer None); counts 0 = no-op (common.fold)."""
     common.fold(pool, layer, slots, counts, per_channel=True, **kw)

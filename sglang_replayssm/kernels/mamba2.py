@@ -1,5 +1,5 @@
 """Mamba-2 ReplaySSM kernels: decode (non-flush + flush rows in one launch), output-only verify,
-the fold, and the conventional decode baseline (SGLang's selective_state_update math).
+commit fold, and the conventional decode baseline (SGLang's selective_state_update math).
 
 Per head h (group h // (H // G)): dt = softplus(dt_raw + dt_bias), a = exp(dt A), u = dt x,
 S_t = a S + u B^T, y = S_t C + D x, then y *= silu(z) when z is given. Record = (u, B, dt A).
@@ -12,11 +12,10 @@ import triton.language as tl
 
 from . import common
 from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
-                     decode_launch_rows, decode_plan, default_warps, draft_record_rows, draft_structure, flush_tiles,
-                     fold_store, fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records,
+                     decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
+                     fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records, load_state_chunk,
                      next_pow2, on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
-                     softplus, stacked_draft_pass, stacked_halves, state_tile, store_draft_d, verify_blocks,
-                     verify_fold_args, verify_fold_read_copy, verify_rows, verify_state_chunk)
+                     softplus, stacked_draft_pass, stacked_halves, state_tile, verify_blocks)
 
 
 @triton.jit
@@ -195,12 +194,14 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
 
 
 @triton.jit
-def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, tok, slot, base,
-                      i_b, i_h, o_t, mask_t, o_v, mask_v, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                      T: tl.constexpr, BT: tl.constexpr, HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr):
+def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
+                      recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                      H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                      T: tl.constexpr, BT: tl.constexpr, BKC: tl.constexpr, HAS_PARENTS: tl.constexpr,
+                      HAS_Z: tl.constexpr):
     """The drafts' part of a Mamba-2 verify, given Sc C_t (SC [BT, BV]) of the committed state Sc and
-    the drafts' products C_t . B_i (CB [BT, BT]): gates, path decays, outputs, and the drafts' u records
-    at ring positions base.. (their B and dt A: _m2_draft_records_kernel)."""
+    the drafts' products C_t . B_i (CB [BT, BT]): gates, path decays, outputs, and the T draft
+    records (u, B, dt A) at ring positions cursor.."""
     mtv = mask_t[:, None] & mask_v[None, :]
     X = tl.load(x_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
     dt = softplus(tl.load(dt_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
@@ -215,45 +216,32 @@ def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, par_p
         Z = tl.load(z_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
         Y = Y * Z * tl.sigmoid(Z)
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], Y.to(out_ptr.dtype.element_ty), mask=mtv)
-    store_draft_d(recd_ptr, U, slot, base, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
+    pos = cur + o_t
+    mpos = mask_t & (pos < R)
+    tl.store(recd_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :], U.to(recd_ptr.dtype.element_ty),
+             mask=mpos[:, None] & mask_v[None, :])
+    if i_v == 0:
+        tl.store(recg_ptr + (slot * R + pos) * H + i_h, Gd, mask=mpos)
+        if i_h % (H // G) == 0:
+            for c in range(K // BKC):
+                o_kc = c * BKC + tl.arange(0, BKC)
+                Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0)
+                tl.store(reck_base + pos[:, None] * (G * K) + o_kc[None, :], Bc.to(reck_ptr.dtype.element_ty),
+                         mask=mpos[:, None])
 
 
 @triton.jit
-def _m2_draft_records_kernel(dt_ptr, A_ptr, B_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
-                             H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
-                             BT: tl.constexpr, WINDOW: tl.constexpr):
-    """After a verify launch, one program per (group, row): the drafts' B records (per group) and dt A
-    records (per head of the group) at the verify's base. A launch of their own, because the verify's
-    fold-first programs read the committed records at those positions."""
-    i_g = tl.program_id(0)
-    i_b = tl.program_id(1)
-    slot, pos, mpos, tok, mask_t = draft_record_rows(slots_ptr, cursor_ptr, i_b, R, T, BT, WINDOW)
-    o_k = tl.arange(0, K)
-    Bt = tl.load(B_ptr + ((tok * G + i_g) * K)[:, None] + o_k[None, :], mask=mask_t[:, None], other=0.0)
-    tl.store(reck_ptr + (((slot * R + pos) * G + i_g) * K)[:, None] + o_k[None, :], Bt.to(reck_ptr.dtype.element_ty),
-             mask=mpos[:, None])
-    for j in tl.static_range(H // G):
-        i_h = i_g * (H // G) + j
-        dt = softplus(tl.load(dt_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
-                      + tl.load(dtb_ptr + i_h).to(tl.float32))
-        tl.store(recg_ptr + (slot * R + pos) * H + i_h, dt * tl.load(A_ptr + i_h).to(tl.float32), mask=mpos)
-
-
-@triton.jit(do_not_specialize=["seed", "layer"])
 def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr,
                       slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                       BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                      HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr,
-                      WINDOW: tl.constexpr):
+                      HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr):
     """Output-only verify of T Mamba-2 drafts (chain or tree):
     y_t = exp(G_t) Sc C_t + sum_{i on the path to t} exp(G_t - G_i) (B_i . C_t) u_i + D x_t;
-    writes the drafts' u records at the base (common.verify_rows; B and dt A:
-    _m2_draft_records_kernel). Exact fp32 broadcast products."""
+    writes the T draft records (u, B, dt A) at cursor.. (no state write). Exact fp32 broadcast products."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, G, V, BV, BR)
-    fresh, _fold, cur, mask_r = verify_rows(cur, o_r, WINDOW, False)   # full windows: folded by a launch before
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
@@ -267,52 +255,44 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
         o_kc = c * BKC + tl.arange(0, BKC)
         Cc = tl.load(C_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
         Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        S0 = verify_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, fresh,
-                                K, RC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
         Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
         ac += S0[None, :, :] * Cc[:, None, :]
         KrC += tl.sum(Kr[:, None, :] * Cc[None, :, :], axis=2)
         CB += tl.sum(Cc[:, None, :] * Bc[None, :, :], axis=2)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SC = gam * tl.sum(ac, axis=2) + tl.sum((KrC * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc C_t
-    _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, tok, slot, cur,
-                      i_b, i_h, o_t, mask_t, o_v, mask_v, H, V, R, T, BT, HAS_PARENTS, HAS_Z)
+    _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
+                      recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                      H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z)
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit
 def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr,
                           slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                          folded_ptr, seed, layer,
                           H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                           BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                          HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, PREC: tl.constexpr,
-                          WINDOW: tl.constexpr, FOLD: tl.constexpr, CKPT_SR: tl.constexpr, INTERPRET: tl.constexpr):
+                          HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, PREC: tl.constexpr):
     """_m2_verify_kernel with the products on tensor cores: the drafts' C (rows 0..BT-1) and B (rows
     BT..2BT-1) stacked into one operand X (BT >= 8: >= 16 rows), S0 X^T, K_r X^T and X X^T one dot
-    each per column chunk, the records' share of Sc C_t one dot more (3xTF32 default). A full window
-    is folded into the checkpoint on the way (common.verify_rows, stacked_draft_pass)."""
+    each per column chunk, the records' share of Sc C_t one dot more (3xTF32 default)."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, G, V, BV, BR)
-    fresh, fold, base, mask_r = verify_rows(cur, o_r, WINDOW, FOLD)
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * G + i_g) * K
-    S0X, KrX, XX, _nx, _is_c, amax = stacked_draft_pass(
-        C_ptr, B_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, fresh,
-        reck_base, o_r, mask_r, fold, recd_ptr, recg_ptr, slot, i_h, seed, tl.load(folded_ptr + slot) + cur,
-        (layer * H + i_h).to(tl.int64) * (V * K), G, K, T, BT, BV, BKC, BR, RC, PREC, False, H, V, R, FOLD, CKPT_SR,
-        INTERPRET)
-    if fold:
-        verify_fold_read_copy(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, amax, K, BKC,
-                              RC, INTERPRET)
+    S0X, KrX, XX, _nx, _is_c = stacked_draft_pass(C_ptr, B_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
+                                                  slot * H + i_h, o_v, mask_v, reck_base, o_r, mask_r, G, K, T, BT,
+                                                  BV, BKC, BR, RC, PREC, False)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=PREC)   # rows: Sc C_t, Sc B_t
     SC, _SB, CB, _BB = stacked_halves(SX, XX, BT, BV)
-    _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, tok, slot, base,
-                      i_b, i_h, o_t, mask_t, o_v, mask_v, H, V, R, T, BT, HAS_PARENTS, HAS_Z)
+    _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
+                      recg_ptr, reck_base, (tok * G + i_g) * K, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                      mask_v, H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z)
 
 
 @triton.jit
@@ -417,9 +397,8 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
            block_v=None, block_k=None, num_warps=None, method=None, stages=None):
     """Output-only verify of T Mamba-2 draft tokens per row (x [B, T, H, P], dt [B, T, H],
     B/C [B, T, G, N], z [B, T, H, P] or None; parents [B, T] int32 or None for a chain). Writes the
-    draft records at the ring's base: the cursor, or 0 for a row whose window a commit left full, which
-    is folded into the checkpoint first (common.verify_rows); returns y [B, T, H, P] in x's dtype.
-    Commit with pool.commit (a pointer move). method: "fma" (exact fp32 broadcast products), "mma" (the
+    draft records at cursor..cursor+T-1 (no state write); returns y [B, T, H, P] in x's dtype.
+    Commit with pool.commit(..., fold=fold). method: "fma" (exact fp32 broadcast products), "mma" (the
     state-sized products as 3xTF32 tensor-core dots; stages: its launch's pipelining, common.launch_stages)
     or None ("mma": 2-3x faster at T = 4..8 on the H200). Default blocks: common.VERIFY_TUNED."""
     if getattr(pool.cfg, "mode", "replay") != "replay":
@@ -444,20 +423,14 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(P, BV), H, Bn)
     kern, BT, extra = _m2_verify_kernel, next_pow2(T), {}
-    fa = verify_fold_args(lv, slots, per_channel=False, in_loop=method == "mma")
-    BR = fa.pop("BR")
-    if method != "mma":   # the fold ran as its own launch: the kernel only needs the window
-        fa = {"WINDOW": lv.window}
     if method == "mma":
         kern, BT = _m2_verify_mma_kernel, max(8, next_pow2(T))
         extra = dict(PREC="ieee" if INTERPRET else "tf32x3", **launch_stages(stages))
     kern[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, parents if parents is not None else slots, out,
                slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
                H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=BT, BV=BV,
-               BKC=check_block_k(block_k, N) or chunk_k(N, 16), BR=BR, RC=lv.rc_mode,
-               HAS_PARENTS=parents is not None, HAS_Z=z is not None, num_warps=num_warps, **extra, **fa)
-    _m2_draft_records_kernel[(G, Bn)](dt, A, B, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, H=H, G=G, K=N, R=lv.R,
-                                      T=T, BT=next_pow2(T), WINDOW=lv.window, num_warps=4)
+               BKC=check_block_k(block_k, N) or chunk_k(N, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
+               HAS_PARENTS=parents is not None, HAS_Z=z is not None, num_warps=num_warps, **extra)
     return out
 
 
@@ -483,7 +456,6 @@ def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out
 
 
 def fold(pool, layer, slots, counts, **kw):
-    """The fold launch (pool.settle, force_flush; a verify with an NVFP4 read copy): records
-    0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer in one launch (layer
-    None); counts 0 = no-op (common.fold)."""
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
+    in one launch (layer None); counts 0 = no-op (common.fold)."""
     common.fold(pool, layer, slots, counts, per_channel=False, **kw)

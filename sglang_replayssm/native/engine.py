@@ -268,8 +268,6 @@ class Engine:
     def _decode(self, rows: list[Request], events: list) -> None:
         slots, pos = self._batch(rows)
         cursors = self._cursors(rows)
-        self.ops.settle([r.slot for r in rows])   # rings a verify's commit left full fold first
-        cursors = self._account_settle(cursors)
         tokens = torch.tensor([[r.tokens[-1]] for r in rows], device=self.model.device)
         max_len = max(len(r.tokens) for r in rows)
         logits = self.model.forward(tokens, pos, slots, "decode", self, max_len)[:, 0]
@@ -326,25 +324,14 @@ class Engine:
             c["conventional_state_bytes"] += traffic.conventional_bytes(s, 1)
         self._ring_gauge()
 
-    def _account_settle(self, cursors: list[int]) -> list[int]:
-        """Count the folds of settle (rows whose window a commit left full); the cursors after it."""
-        if self.conventional or self.ops.snapshot_verify:
-            return cursors
-        window = self.pool.cfg.window
-        for cur in cursors:
-            if cur >= window:
-                rd, wr = traffic.fold_bytes(self.sizes, cur)
-                self.counters["state_bytes_read"] += rd
-                self.counters["state_bytes_written"] += wr
-        return [0 if cur >= window else cur for cur in cursors]
-
     def _account_verify(self, cursors: list[int], accepted: list[int], T: int) -> None:
         s, c = self.sizes, self.counters
         mode = "replay" if not (self.conventional or self.ops.snapshot_verify) else "snapshot"
         for cur, a in zip(cursors, accepted):
-            folds = mode == "replay" and cur >= self.pool.cfg.window
-            r1, w1 = traffic.verify_bytes(s, mode, cur, T, self.pool.cfg.window)
-            r2, w2 = traffic.commit_bytes(s, mode)
+            new = cur + a
+            folds = mode == "replay" and new >= self.pool.cfg.window
+            r1, w1 = traffic.verify_bytes(s, mode, cur, T)
+            r2, w2 = traffic.commit_bytes(s, mode, new, folds)
             c["state_bytes_read"] += r1 + r2
             c["state_bytes_written"] += w1 + w2
             c["conventional_state_bytes"] += traffic.conventional_bytes(s, T)

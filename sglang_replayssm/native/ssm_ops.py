@@ -127,15 +127,10 @@ class SSMOps:
         else:
             self.pool.begin_verify(slots, T)
 
-    def settle(self, slots: list) -> None:
-        """Before a decode step: fold the rows a commit left with a full window (pool.settle)."""
-        if not (self.snapshot_verify or self.conventional):
-            self.pool.settle(slots, fold=self.fold_fn)
-
     def commit(self, slots: list, accepted: list) -> None:
         """Keep the first accepted[i] verified tokens of each row (>= 1)."""
         if not self.snapshot_verify:
-            self.pool.commit(slots, accepted)
+            self.pool.commit(slots, accepted, fold=self.fold_fn)
             return
         dev = self.pool.device
         rows = torch.arange(len(slots), device=dev)

@@ -4,10 +4,8 @@ Per SSM layer and sequence (sizes from the pool's own tensors):
   conventional step      reads and writes the full state                       (ckpt, ckpt)
   ReplaySSM non-flush    reads the read copy (or checkpoint) + c records, writes one record
   ReplaySSM flush        reads checkpoint + c records, writes checkpoint (+ read copy) and no record
-  verify of T tokens     reads the read copy + c records, writes T records; the commit moves only the
-                         pointer. A row whose commit left its window full (c >= window) is folded by
-                         the next verify first (or, before a decode, by the pool's settle): reads
-                         checkpoint + c records, writes checkpoint (+ read copy) (`fold_bytes`)
+  verify of T tokens     reads the read copy + c records, writes T records; a commit that fills the
+                         window folds: reads checkpoint + n records, writes checkpoint (+ read copy)
   snapshot verify        reads the state, writes T snapshots; commit copies one snapshot back
 `conventional_bytes` is what a conventional engine moves for the same tokens (read + write per token).
 """
@@ -50,26 +48,16 @@ def decode_bytes(s: StateSizes, conventional: bool, cursor: int, flush: bool) ->
     return s.layers * (s.read + cursor * s.record), s.layers * s.record
 
 
-def fold_bytes(s: StateSizes, records: int) -> tuple[int, int]:
-    """(read, written), all layers, of folding `records` committed records into the checkpoint."""
-    return s.layers * (s.ckpt + records * s.record), s.layers * (s.ckpt + s.rc)
-
-
-def verify_bytes(s: StateSizes, mode: str, cursor: int, T: int, window: int) -> tuple[int, int]:
-    """(read, written) of verifying T tokens; mode 'replay' (a full window, cursor >= window, is folded
-    first and the drafts read the new checkpoint) | 'snapshot' (state + T snapshots)."""
+def verify_bytes(s: StateSizes, mode: str, cursor: int, T: int) -> tuple[int, int]:
+    """(read, written) of verifying T tokens; mode 'replay' | 'snapshot' (state + T snapshots)."""
     if mode == "replay":
-        if cursor >= window:
-            r, w = fold_bytes(s, cursor)
-            return r, w + s.layers * T * s.record
         return s.layers * (s.read + cursor * s.record), s.layers * T * s.record
     return s.layers * s.ckpt, s.layers * T * s.ckpt
 
 
-def commit_bytes(s: StateSizes, mode: str) -> tuple[int, int]:
-    """(read, written) of a commit: nothing for ReplaySSM (a pointer move), one snapshot copied back."""
+def commit_bytes(s: StateSizes, mode: str, new_cursor: int, folds: bool) -> tuple[int, int]:
     if mode == "replay":
-        return 0, 0
+        return (s.layers * (s.ckpt + new_cursor * s.record), s.layers * (s.ckpt + s.rc)) if folds else (0, 0)
     return s.layers * s.ckpt, s.layers * (s.ckpt + s.rc)
 
 

@@ -131,7 +131,6 @@ class ReplayStatePool:
         self.cursor = torch.zeros(S, dtype=torch.int32, **z)
         self.folded = torch.zeros(S, dtype=torch.int64, **z)
         self._pending: dict[int, tuple[int, list[int] | None]] = {}
-        self._unsettled: set[int] = set()   # committed since last settled: the window may be full (see commit)
 
     # ------------------------------------------------------------------ views and sizes
     def layer(self, l: int) -> LayerView:
@@ -184,7 +183,6 @@ class ReplayStatePool:
         self.allocator.free(slots)
         for s in slots:
             self._pending.pop(s, None)
-            self._unsettled.discard(s)
 
     def check_slots(self, slots: Sequence[int]) -> list[int]:
         slots = [int(s) for s in slots]
@@ -207,7 +205,6 @@ class ReplayStatePool:
         self.folded[idx] = 0
         for s in slots:
             self._pending.pop(int(s), None)
-            self._unsettled.discard(int(s))
 
     def fork(self, src: int, dst: int | Sequence[int]) -> None:
         """Copy everything of slot ``src`` into ``dst`` (prefix-cache copy-on-write, parallel sampling)."""
@@ -222,8 +219,6 @@ class ReplayStatePool:
             t[:, idx] = t[:, src].unsqueeze(1).clone()
         self.cursor[idx] = self.cursor[src].clone()
         self.folded[idx] = self.folded[src].clone()
-        for d in dsts:
-            (self._unsettled.add if src in self._unsettled else self._unsettled.discard)(d)
 
     # ------------------------------------------------------------------ pointer moves
     def advance(self, slots: torch.Tensor) -> None:
@@ -251,15 +246,15 @@ class ReplayStatePool:
     def pending(self, slot: int) -> int:
         return self._pending.get(slot, (0, None))[0]
 
-    def commit(self, slots: Sequence[int], accepted: Sequence[int],
-               paths: Sequence[Sequence[int]] | None = None) -> None:
+    def commit(self, slots: Sequence[int], accepted: Sequence[int], paths: Sequence[Sequence[int]] | None = None,
+               fold: Callable | None = None) -> None:
         """Accept, per slot, ``accepted[i]`` of its pending drafts: the chain prefix, or (tree drafts)
-        the nodes ``paths[i]`` from root to leaf. Only the ring pointer moves; rejected records are
-        simply left behind. The verify wrote the drafts at its base: the cursor, or 0 for a row whose
-        window was full (``cursor >= window``), which that verify folded into the checkpoint in every
-        layer; such a row restarts at 0 here. A row whose committed records now fill the window is not
-        folded here: the next verify folds it while it reads the state anyway, or ``settle`` before a
-        decode step. A device op with no host sync for chains."""
+        the nodes ``paths[i]`` from root to leaf. The ring pointer moves; rejected records are simply
+        left behind. Rows that reach the window fold their records into the checkpoint: ``fold(pool,
+        None, slots, counts)`` (``kernels.<family>.fold``; layer None: every layer) is called once with
+        every committed row as int32 device tensors, count 0 meaning "leave the row alone", so a chain
+        commit waits on no device result; without ``fold``, ``reference.replay.fold_rows`` folds the full
+        rows only, layer by layer."""
         slots = self.check_slots(slots)
         accepted = [int(a) for a in accepted]
         if len(accepted) != len(slots) or (paths is not None and len(paths) != len(slots)):
@@ -287,61 +282,31 @@ class ReplayStatePool:
         if self.cfg.mode == "conventional":
             self._commit_snapshots(slots, node_paths)
         else:
-            self._commit_records(slots, node_paths)
+            self._commit_records(slots, node_paths, fold)
         self._commit_conv(slots, node_paths)
 
-    def verify_base(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where a verify of the slots ``idx`` (a device index tensor) puts its drafts, and what it folds
-        first: (base, folded records), both int64; a row whose window is full (``cursor >= window``)
-        folds its ``cursor`` records and starts at 0, any other at its cursor, folding nothing."""
-        cur = self.cursor[idx].long()
-        full = cur >= self.cfg.window
-        return torch.where(full, torch.zeros_like(cur), cur), torch.where(full, cur, torch.zeros_like(cur))
-
-    def _commit_records(self, slots: list[int], paths: list[list[int]]) -> None:
+    def _commit_records(self, slots: list[int], paths: list[list[int]], fold: Callable | None) -> None:
         idx = self._index(slots)
-        base, folds = self.verify_base(idx)
         if any(path != list(range(len(path))) for path in paths):   # tree: the accepted nodes' records to the front
-            for s, c, path in zip(slots, base.tolist(), paths):   # host sync (trees only)
+            for s, c, path in zip(slots, self.cursor[idx].tolist(), paths):   # host sync (trees only)
                 if path != list(range(len(path))):
                     src = self._index([c + n for n in path])
                     dst = self._index(range(c, c + len(path)))
                     for t in (self.rec_d, self.rec_k, self.rec_g):
                         t[:, s, dst] = t[:, s, src]
-        self.folded[idx] += folds.to(self.folded.dtype)
-        self.cursor[idx] = (base + self._index([len(p) for p in paths])).to(self.cursor.dtype)
-        self._unsettled.update(slots)
-
-    def has_unsettled(self) -> bool:
-        """Whether a commit since the last settle may have left a full window (settle would do work)."""
-        return bool(self._unsettled)
-
-    def settle(self, slots: Sequence[int], fold: Callable | None = None) -> None:
-        """Before a decode step (or anything else that wants every ring short of the window): fold the
-        rows that a commit left with a full window (``cursor >= window``) in every layer, and restart
-        them at 0. Only slots committed since they were last settled are looked at, in one fold launch
-        over all layers (``fold(pool, None, slots, counts)``, count 0 = untouched; no host sync) or,
-        without ``fold``, by the reference row by row."""
-        todo = [s for s in self.check_slots(slots) if s in self._unsettled]
-        if not todo or self.cfg.mode != "replay":
-            return
-        for s in todo:
-            if s in self._pending:
-                raise CommitError(f"slot {s} has a verify pending: commit before settling")
-        self._unsettled.difference_update(todo)
-        idx = self._index(todo)
-        _, counts = self.verify_base(idx)
-        if fold is not None:
+        new_t = self.cursor[idx].long() + self._index([len(p) for p in paths])
+        flushed = new_t >= self.cfg.window
+        counts = torch.where(flushed, new_t, torch.zeros_like(new_t))
+        if fold is not None:   # kernels: all rows of all layers in one launch (count 0: untouched), no host sync
             fold(self, None, idx.to(torch.int32), counts.to(torch.int32))
-        else:
+        else:                  # the reference folds row by row, on the host's lists
             from ..reference.replay import fold_rows
-            full = [(s, n) for s, n in zip(todo, counts.tolist()) if n > 0]
-            for layer in range(self.num_layers):
-                if full:
+            full = [(s, n) for s, n in zip(slots, counts.tolist()) if n > 0]
+            if full:
+                for layer in range(self.num_layers):
                     fold_rows(self, layer, [s for s, _ in full], [n for _, n in full])
-        self.folded[idx] += counts.to(self.folded.dtype)
-        self.cursor[idx] = torch.where(counts > 0, torch.zeros_like(counts), self.cursor[idx].long()).to(
-            self.cursor.dtype)
+        self.folded[idx] += counts
+        self.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(self.cursor.dtype)
 
     def _commit_snapshots(self, slots: list[int], paths: list[list[int]]) -> None:
         rows = [(s, p[-1], len(p)) for s, p in zip(slots, paths) if p]
@@ -418,4 +383,3 @@ class ReplayStatePool:
         for s, c in rows:
             self.folded[s] += c
             self.cursor[s] = 0
-        self._unsettled.difference_update(slots)

@@ -129,13 +129,7 @@ def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
                 g: torch.Tensor, beta: torch.Tensor | None,
                 parents: torch.Tensor | Sequence[Sequence[int]] | None = None) -> torch.Tensor:
     """``T`` draft tokens per row (``[B, T, ...]`` inputs) by output-only evaluation: outputs for every
-    draft, draft records written at ring positions ``base .. base+T-1`` (base: the cursor, or 0 for a row that
-    folds first).
-    A row whose committed records fill the window (``cursor >= window``: the commit that got it there
-    left the fold to this verify, so that the fold and the verify read the state once) first folds them
-    into its checkpoint (checkpoint + read copy, as ``fold_rows``), then evaluates the drafts against
-    the new fp32 checkpoint with an empty ring (``base`` 0); the pool's commit then restarts the
-    cursor. Other rows read the read copy (or checkpoint) + records and change nothing else.
+    draft, draft records written at ring positions ``cursor .. cursor+T-1``; nothing else changes.
     Conventional mode instead steps the state through the drafts and keeps one snapshot per draft."""
     cfg = pool.cfg
     dt = cfg.compute_dtype
@@ -156,12 +150,8 @@ def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
                 pool.snap[layer, s, i] = S.to(pool.snap.dtype)
             continue
         c = int(pool.cursor[s])
-        if c >= cfg.window:     # the committed window, left full by the commit: fold it first
-            fold_rows(pool, layer, [s], [c])
-            c, S0 = 0, hp_checkpoint(pool, layer, s)
-        else:
-            S0 = read_checkpoint(pool, layer, s)
-        o, d = core.evaluate_tokens(S0, records(pool, layer, s, c), qb, kb, v[b].to(dt), gb, bb, par)
+        o, d = core.evaluate_tokens(read_checkpoint(pool, layer, s), records(pool, layer, s, c), qb, kb,
+                                    v[b].to(dt), gb, bb, par)
         out[b] = o
         for i in range(T):
             _write_record(pool, layer, s, c + i, d[i], k[b, i], g[b, i])

@@ -213,8 +213,6 @@ class ReplayMambaPool(_SGLangMambaPool):
     def note_decode(self, slots: torch.Tensor) -> None:
         """A decode step over ``slots`` is about to run; its cursor move happens in settle()."""
         self.settle()
-        if self.replay.has_unsettled():   # rows a verify's commit left with a full window fold first
-            self.replay.settle(sorted({int(s) for s in slots.tolist() if int(s) > 0}))
         self._pending_decode = slots.to(torch.long).clamp(min=0)
 
     def settle(self) -> None:
@@ -232,11 +230,10 @@ class ReplayMambaPool(_SGLangMambaPool):
     def begin_verify(self, slots: list[int], num_drafts: int, parents=None) -> None:
         self.settle()
         live = [s for s in slots if s > 0]
-        stale = [s for s in live if self.replay.pending(s)]
-        if stale:
-            # A verify whose commit never came (idle/aborted batch): keep none of its drafts. Its kernels
-            # ran and folded any full window, so this is a commit of 0 drafts (the cursor restarts there).
-            self.replay.commit(stale, [0] * len(stale))
+        for s in live:
+            if self.replay.pending(s):
+                # A verify whose commit never came (idle/aborted batch): drop its draft records.
+                self.replay._pending.pop(s, None)
         rows = [i for i, s in enumerate(slots) if s > 0]
         self.replay.begin_verify(live, num_drafts, None if parents is None else [parents[i] for i in rows])
 
@@ -261,7 +258,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         slots = [slots[i] for i in keep]
         accepted = [accepted[i] for i in keep]
         pend = [self.replay.pending(s) for s in slots]
-        self.replay.commit(slots, accepted, None if paths is None else [paths[i] for i in keep])
+        self.replay.commit(slots, accepted, None if paths is None else [paths[i] for i in keep], fold=self._fold)
         metrics.inc("replayssm:accepted_records_total", sum(accepted))
         metrics.inc("replayssm:rollbacks_total", sum(p - a for p, a in zip(pend, accepted)))
 
@@ -270,7 +267,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.settle()
         live = sorted({int(s) for s in slots.tolist() if int(s) > 0})
         if live:
-            self.replay.force_flush(live)
+            self.replay.force_flush(live, fold=self._fold)
 
     def after_prefill(self, layer: int, slots: torch.Tensor) -> None:
         """SGLang's prefill wrote the final state into the checkpoint: refresh the read copy, empty ring."""
@@ -353,7 +350,7 @@ class ReplayMambaPool(_SGLangMambaPool):
             raise ValueError(f"copy_from: {len(src)} sources for {len(dst)} destinations")
         flush = sorted({s for s in src if s > 0})
         if flush:
-            self.replay.force_flush(flush)
+            self.replay.force_flush(flush, fold=self._fold)
         for s, d in zip(src, dst):
             if s > 0 and d > 0 and s != d:
                 self.replay.fork(s, d)
@@ -364,7 +361,7 @@ class ReplayMambaPool(_SGLangMambaPool):
 
     def get_cpu_copy(self, indices):
         if self.replay is not None:
-            self.replay.force_flush(sorted({s for s in self._slot_list(indices) if s > 0}))
+            self.replay.force_flush(sorted({s for s in self._slot_list(indices) if s > 0}), fold=self._fold)
         return super().get_cpu_copy(indices)
 
     def load_cpu_copy(self, mamba_cache_cpu, indices):

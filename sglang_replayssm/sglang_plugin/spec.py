@@ -4,9 +4,8 @@ SGLang's target verify leaves one full SSM state per draft token (``intermediate
 (``spec_utils.commit_mamba_states_after_verify`` -> ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``)
 scatters the state of the last accepted draft into the cache. With the ReplaySSM pool the verify wrote
 draft *records* into the ring, so the commit is ``ReplayStatePool.commit``: the accepted prefix (chain)
-or root-to-node path (EAGLE tree, topk > 1) stays, the pointer moves, rejected records are left behind;
-a row whose committed records fill the window is folded by the next verify (which reads the state
-anyway) or, before a decode step, by the pool's settle. The short-convolution state still rolls
+or root-to-node path (EAGLE tree, topk > 1) stays, the pointer moves, rejected records are left behind,
+and a row whose committed records reach the window folds them. The short-convolution state still rolls
 back through SGLang's own per-draft conv windows.
 
 Both SGLang entry points are wrapped: the generic ``commit_mamba_states_after_verify`` (EAGLE, NGRAM,

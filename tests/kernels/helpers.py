@@ -60,26 +60,3 @@ def assert_untouched(before, pool, slots_touched):
 
 def close(a, b, rtol=2e-4, atol=2e-5):
     torch.testing.assert_close(a.double(), b.double(), rtol=rtol, atol=atol)
-
-
-def fill_windows(pools, slots):
-    """Give slots[0] the fullest ring a commit can leave (window - 1 + max_drafts records) and slots[1] an
-    exactly full one (window): a verify folds these first (the others keep their random short rings)."""
-    for p in pools:
-        p.cursor[slots[0]] = p.cfg.window - 1 + p.cfg.max_drafts
-        p.cursor[slots[1]] = p.cfg.window
-
-
-def check_verify_fold(before, pk, pr, slots):
-    """After a verify of slots (fill_windows'): the full windows folded like the reference (checkpoint,
-    read copy), every other row's checkpoint untouched."""
-    full = [s for s in slots if int(before["cursor"][s]) >= pk.cfg.window]
-    assert full, "the test wants rows whose verify folds"
-    for s in slots:
-        if s in full:
-            close(pk.ckpt[:, s], pr.ckpt[:, s], rtol=5e-4, atol=5e-5)
-        else:
-            assert torch.equal(pk.ckpt[:, s].view(torch.uint8), before["ckpt"][:, s].view(torch.uint8))
-    if pk.rc is not None and pk.rc_gscale is None:
-        close(pk.rc.float() * pk.rc_scale[..., None], pr.rc.float() * pr.rc_scale[..., None], rtol=0.07, atol=1e-3)
-    assert torch.equal(pk.cursor, before["cursor"])       # kernels never move the cursor

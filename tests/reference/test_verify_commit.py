@@ -39,10 +39,7 @@ def test_verify_commit_matches_conventional(family, tree, window):
     idx = torch.tensor(slots)
     state = torch.zeros(2, *geo.state_shape, dtype=torch.float64)
     for _round in range(25):
-        if rng.random() < 0.4:  # an ordinary decode step in between: full windows a commit left fold first
-            pool.settle(slots)
-            assert relerr(pool.materialize(0, slots), state) < 1e-10
-            assert int(pool.cursor[idx].max()) < window
+        if rng.random() < 0.4:  # an ordinary decode step in between
             inp = random_inputs(geo, 2, gen=gen)
             want, state = conventional(geo, state, inp, params)
             got = call(fam.decode, geo, inp, params, pool, 0, idx)
@@ -68,14 +65,9 @@ def test_verify_commit_matches_conventional(family, tree, window):
             paths.append(path)
             if path:
                 state[b] = node_states[path[-1]][0]
-        cursors = pool.cursor[idx].tolist()
         pool.commit(slots, accepted, paths if tree else None)
         assert relerr(pool.materialize(0, slots), state) < 1e-10
-        # the commit only moves the pointer: a full window (cursor >= window) waits for the next verify
-        # (which folds it first) or a settle; from one, the ring restarts at the accepted count
-        for c, a, new in zip(cursors, accepted, pool.cursor[idx].tolist()):
-            assert new == (a if c >= window else c + a)
-        assert int(pool.cursor[idx].max()) < window + Tmax
+        assert int(pool.cursor[idx].max()) < window
 
 
 @pytest.mark.parametrize("family", ["gdn", "mamba2"])
