@@ -246,7 +246,7 @@ def cases(geos, batch, quick=False):
 
 
 def pool_cases():
-    """The pool's own commit kernel (ReplayStatePool._commit_conv on CUDA) at the Qwen3.5-4B conv shape:
+    """The pool's own commit kernel (ReplayStatePool._roll_conv on CUDA) at the Qwen3.5-4B conv shape:
     24 SSM layers, C = 8192 channels, kernel 4 (W = 3), bf16, 256 rows. Nothing is launched: the
     tensors (torch.empty, ~1.1 GB) are never touched, so they take address space, not memory."""
     from sglang_replayssm.kernels.conv_state import roll_conv_state

@@ -197,7 +197,7 @@ def run_replay_ours(geo, pool, slots, inp, curs, cfg, method=None):
 
 
 def run_sglang_conv(geo, B, state, slots, inp):
-    H, Hk, Dv, Dk = geo["H"], geo["Hk"], geo["Dv"], geo["Dk"]
+    H, Dv, Dk = geo["H"], geo["Dv"], geo["Dk"]
     if geo["family"] == "mamba2":
         if MSSM is None:
             return None
@@ -253,7 +253,6 @@ def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method=None):
     cur0 = torch.zeros(pool.cursor.shape, dtype=torch.int32, device=DEV)
     cur0[slots.long()] = base.int()
     counts = torch.zeros(B, dtype=torch.int32, device=DEV)
-    steps = []
 
     kw = {"method": method} if method else {}
     if cfg is not None:  # None: the library's defaults
@@ -346,7 +345,7 @@ def record(**kw):
 def timed(fn, *a, **k):
     try:
         return fn(*a, **k)
-    except Exception as e:  # noqa: BLE001
+    except Exception:  # noqa: BLE001
         traceback.print_exc()
         return None
 

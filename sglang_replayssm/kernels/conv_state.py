@@ -1,4 +1,4 @@
-"""Commit-time roll of the causal-conv state (ReplayStatePool._commit_conv) in one Triton launch: each
+"""Commit-time roll of the causal-conv state (ReplayStatePool._roll_conv) in one Triton launch: each
 program reads, for one (row, channel block, layer), the old state's columns and the accepted drafts'
 conv inputs it needs, then writes the new state in place. The PyTorch path (advanced indexing) moves
 the same ~3 conv states per row but runs as several index kernels at a fraction of HBM bandwidth

@@ -20,7 +20,7 @@ import torch
 from ..flags import ReplaySSMOptions
 from ..pool import ReplayStatePool, SSMGeometry
 from . import drafter, traffic
-from .config import HybridConfig, embedded_config
+from .config import embedded_config
 from .model import HybridModel, KVCache, random_weights
 from .prefix_cache import PrefixCache
 from .ssm_ops import SSMOps

@@ -9,6 +9,7 @@ flush) lives in ``reference/`` (PyTorch) and ``kernels/`` (Triton), with the sam
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +18,12 @@ import torch
 from .config import ReplayConfig, SSMGeometry
 from .errors import BadSlotError, CommitError, ConfigError, DoubleFreeError, DraftOverflowError, PoolExhaustedError
 
+logger = logging.getLogger(__name__)
+
 PADDING_SLOT = 0
+# chain commits of up to this many rows replay a captured CUDA graph on CUDA (one graph per row count, at
+# most this many kept): below it a commit's ~15 launches cost more host time than device time
+COMMIT_GRAPH_MAX_BATCH = 64
 
 
 class SlotAllocator:
@@ -131,6 +137,8 @@ class ReplayStatePool:
         self.cursor = torch.zeros(S, dtype=torch.int32, **z)
         self.folded = torch.zeros(S, dtype=torch.int64, **z)
         self._pending: dict[int, tuple[int, list[int] | None]] = {}
+        self._staging = self._staged = None   # commit's pinned upload buffer and the event of its last copy
+        self._commit_graphs: dict = {}          # (rows, fold) -> (CUDA graph of a chain commit, its input buffer)
 
     # ------------------------------------------------------------------ views and sizes
     def layer(self, l: int) -> LayerView:
@@ -254,7 +262,8 @@ class ReplayStatePool:
         None, slots, counts)`` (``kernels.<family>.fold``; layer None: every layer) is called once with
         every committed row as int32 device tensors, count 0 meaning "leave the row alone", so a chain
         commit waits on no device result; without ``fold``, ``reference.replay.fold_rows`` folds the full
-        rows only, layer by layer."""
+        rows only, layer by layer. On CUDA a chain commit of up to COMMIT_GRAPH_MAX_BATCH rows replays a
+        CUDA graph of that device work (_commit_graphed)."""
         slots = self.check_slots(slots)
         accepted = [int(a) for a in accepted]
         if len(accepted) != len(slots) or (paths is not None and len(paths) != len(slots)):
@@ -281,25 +290,99 @@ class ReplayStatePool:
             del self._pending[s]
         if self.cfg.mode == "conventional":
             self._commit_snapshots(slots, node_paths)
-        else:
-            self._commit_records(slots, node_paths, fold)
-        self._commit_conv(slots, node_paths)
+            self._commit_conv(slots, node_paths)
+            return
+        # every index the commit needs, in one host -> device copy: slots, accepted counts, padded paths
+        B = len(slots)
+        chain = all(p == list(range(len(p))) for p in node_paths)
+        graph = (chain and fold is not None and self.device.type == "cuda" and B <= COMMIT_GRAPH_MAX_BATCH
+                 and not torch.cuda.is_current_stream_capturing())
+        N = self.cfg.max_drafts if graph else max([len(p) for p in node_paths] + [1])
+        values = slots + [len(p) for p in node_paths] + [n for p in node_paths for n in p + [0] * (N - len(p))]
+        if graph:
+            self._commit_graphed(values, B, N, fold)
+            return
+        buf = self._upload(values)
+        if not chain:   # tree: the accepted nodes' records to the front first
+            self._compact_paths(slots, node_paths, buf[:B].long())
+        self._commit_chain(buf, B, N, fold, slots)
 
-    def _commit_records(self, slots: list[int], paths: list[list[int]], fold: Callable | None) -> None:
-        idx = self._index(slots)
-        if any(path != list(range(len(path))) for path in paths):   # tree: the accepted nodes' records to the front
-            for s, c, path in zip(slots, self.cursor[idx].tolist(), paths):   # host sync (trees only)
-                if path != list(range(len(path))):
-                    src = self._index([c + n for n in path])
-                    dst = self._index(range(c, c + len(path)))
-                    for t in (self.rec_d, self.rec_k, self.rec_g):
-                        t[:, s, dst] = t[:, s, src]
-        new_t = self.cursor[idx].long() + self._index([len(p) for p in paths])
+    def _stage(self, values: list[int]) -> torch.Tensor:
+        """values in a reused pinned host buffer (int32), for one queued copy to the device: a copy from
+        pageable memory first waits for every launch queued before it (a commit's would wait on its fold)."""
+        n = len(values)
+        if self._staging is None or self._staging.numel() < n:
+            self._staging = torch.empty(max(n, 4096), dtype=torch.int32, pin_memory=True)
+        elif self._staged is not None:
+            self._staged.synchronize()   # the previous copy out of the buffer is done (long since, in practice)
+        self._staging[:n] = torch.tensor(values, dtype=torch.int32)
+        return self._staging[:n]
+
+    def _staged_copy(self, dst: torch.Tensor | None, values: list[int]) -> torch.Tensor:
+        """values on the pool's device (into dst, or a new tensor): one copy, queued like a launch on CUDA."""
+        if self.device.type != "cuda":
+            return torch.tensor(values, dtype=torch.int32, device=self.device)
+        host = self._stage(values)
+        out = host.to(self.device, non_blocking=True) if dst is None else dst.copy_(host, non_blocking=True)
+        self._staged = torch.cuda.Event()
+        self._staged.record()
+        return out
+
+    def _upload(self, values: list[int]) -> torch.Tensor:
+        return self._staged_copy(None, values)
+
+    def _commit_graphed(self, values: list[int], B: int, N: int, fold: Callable) -> None:
+        """A chain commit of B rows as a replay of a CUDA graph of its device work (_commit_chain): the
+        indices go into the graph's input buffer (one copy) and one replay launches the fold, the pointer
+        moves and the conv roll, instead of ~15 eager launches (their host time is most of a small batch's
+        commit). The first commit of B rows runs eagerly, then captures."""
+        key = (B, id(fold))
+        hit = self._commit_graphs.get(key)
+        if hit:
+            graph, static = hit
+            self._staged_copy(static, values)
+            graph.replay()
+            return
+        if key in self._commit_graphs:                  # capture failed before: eager for good
+            self._commit_chain(self._upload(values), B, N, fold)
+            return
+        static = self._staged_copy(torch.empty(len(values), dtype=torch.int32, device=self.device), values)
+        self._commit_chain(static, B, N, fold)         # this commit (and every kernel compiled)
+        if len(self._commit_graphs) >= COMMIT_GRAPH_MAX_BATCH:
+            self._commit_graphs.pop(next(iter(self._commit_graphs)))
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):   # recorded, not run
+                self._commit_chain(static, B, N, fold)
+        except RuntimeError as e:   # e.g. another thread's launch broke the capture: this commit is done
+            logger.warning("pool.commit: CUDA graph capture for %d rows failed (%s); committing eagerly", B, e)
+            self._commit_graphs[key] = None
+            return
+        self._commit_graphs[key] = (graph, static)
+
+    def _compact_paths(self, slots: list[int], paths: list[list[int]], idx: torch.Tensor) -> None:
+        """Tree drafts: each row's accepted path's records to ring positions cursor.. (a host sync)."""
+        for s, c, path in zip(slots, self.cursor[idx].tolist(), paths):
+            if path != list(range(len(path))):
+                src = self._index([c + n for n in path])
+                dst = self._index(range(c, c + len(path)))
+                for t in (self.rec_d, self.rec_k, self.rec_g):
+                    t[:, s, dst] = t[:, s, src]
+
+    def _commit_chain(self, buf: torch.Tensor, B: int, N: int, fold: Callable | None,
+                      slots: list[int] | None = None) -> None:
+        """A commit's device work, from buf = [slots (B) | accepted counts (B) | paths (B x N)] (int32,
+        the accepted records already at cursor..): the pointer moves, rows that reach the window fold
+        (``fold(pool, None, slots, counts)``: every layer, count 0 = untouched; without fold the reference
+        folds the host's slots row by row), then the conv states roll. No host sync with fold."""
+        rows, acc, nodes = buf[:B], buf[B:2 * B], buf[2 * B:].view(B, N)
+        idx = rows.long()
+        new_t = self.cursor[idx].long() + acc
         flushed = new_t >= self.cfg.window
         counts = torch.where(flushed, new_t, torch.zeros_like(new_t))
-        if fold is not None:   # kernels: all rows of all layers in one launch (count 0: untouched), no host sync
-            fold(self, None, idx.to(torch.int32), counts.to(torch.int32))
-        else:                  # the reference folds row by row, on the host's lists
+        if fold is not None:
+            fold(self, None, rows, counts.to(torch.int32))
+        else:
             from ..reference.replay import fold_rows
             full = [(s, n) for s, n in zip(slots, counts.tolist()) if n > 0]
             if full:
@@ -307,6 +390,7 @@ class ReplayStatePool:
                     fold_rows(self, layer, [s for s, _ in full], [n for _, n in full])
         self.folded[idx] += counts
         self.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(self.cursor.dtype)
+        self._roll_conv(rows, acc, nodes)
 
     def _commit_snapshots(self, slots: list[int], paths: list[list[int]]) -> None:
         rows = [(s, p[-1], len(p)) for s, p in zip(slots, paths) if p]
@@ -318,29 +402,30 @@ class ReplayStatePool:
         self.folded[idx] += self._index([a for _, _, a in rows])
 
     def _commit_conv(self, slots: list[int], paths: list[list[int]]) -> None:
-        """Conv state after the accepted tokens: column j of the new state is column a + j of (old state,
-        the a accepted drafts' conv inputs along their path). On CUDA one Triton launch does every layer
-        and row in place (kernels.conv_state.roll_conv_state); elsewhere (the reference) each column is
-        gathered straight from where it lives (one gather from the old states, one from the drafts'
+        """_roll_conv for the snapshot scheme's commit (index tensors from the host's lists)."""
+        if any(paths):
+            N = max(len(p) for p in paths)
+            self._roll_conv(self._index(slots), self._index([len(p) for p in paths]),
+                            self._index([n for p in paths for n in p + [0] * (N - len(p))]).view(len(slots), N))
+
+    def _roll_conv(self, rows: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor) -> None:
+        """Conv state after the accepted tokens (rows [B] slots, acc [B] accepted counts, nodes [B, N] their
+        paths, padded; acc 0 leaves a row as it is): column j of the new state is column a + j of (old
+        state, the a accepted drafts' conv inputs along their path). On CUDA one Triton launch does every
+        layer and row in place (kernels.conv_state.roll_conv_state); elsewhere (the reference) each column
+        is gathered straight from where it lives (one gather from the old states, one from the drafts'
         inputs, a select), so a commit moves about three conv states per row instead of all T drafts' inputs."""
         if self.conv is None or self.conv_in is None or self.conv.shape[-1] == 0:
             return
-        rows = [(s, p) for s, p in zip(slots, paths) if p]
-        if not rows:
-            return
-        width = self.conv.shape[-1]
-        T = self.conv_in.shape[2]
-        slot_idx = self._index([s for s, _ in rows])                                            # [B]
-        nodes = self._index([p + [0] * (T - len(p)) for _, p in rows]).view(len(rows), T)     # [B, T] padded paths
-        acc = self._index([len(p) for _, p in rows])                                            # [B]
         if self.device.type == "cuda":
             from ..kernels.conv_state import roll_conv_state
-            roll_conv_state(self.conv, self.conv_in, slot_idx, acc, nodes)
+            roll_conv_state(self.conv, self.conv_in, rows, acc, nodes)
             return
-        idx = slot_idx[:, None]                                                                 # [B, 1]
-        pos = acc[:, None] + torch.arange(width, device=self.device)                           # [B, width]
+        width, N = self.conv.shape[-1], nodes.shape[1]
+        idx = rows.long()[:, None]                                                              # [B, 1]
+        pos = acc.long()[:, None] + torch.arange(width, device=self.device)                    # [B, width]
         old = self.conv[:, idx, :, pos.clamp(max=width - 1)]                                   # [B, width, nl, C]
-        node = torch.gather(nodes, 1, (pos - width).clamp(0, T - 1))                           # [B, width]
+        node = torch.gather(nodes.long(), 1, (pos - width).clamp(0, N - 1))                    # [B, width]
         new = self.conv_in[:, idx, node]                                                       # [nl, B, width, C]
         col = torch.where((pos < width)[None, :, :, None], old.permute(2, 0, 1, 3), new)      # [nl, B, width, C]
         self.conv[:, idx[:, 0]] = col.transpose(-1, -2)

@@ -312,7 +312,6 @@ class RouterIngress:
     async def _sse(self, kind, body, first, events) -> AsyncIterator[bytes]:
         endpoint = "completions" if kind == "completions" else "chat"
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        model = body.get("model")
         outcome = "error"
         try:
             ev = first

@@ -1,0 +1,93 @@
+"""Host and device time of one speculative commit (pool.commit with the Triton fold and conv roll),
+the part of a verify step that is not in the graph-captured forward (bench/e2e.py times them together).
+
+Per batch size: a Qwen3.5-4B-shaped pool (24 GDN layers, conv_dim 8192), every row verifying T drafts
+and accepting them all; reports the mean wall time of begin_verify + commit (the host returns when
+its launches are queued, plus any wait on the device inside), the same with a device sync after each,
+and the top functions of a cProfile of the loop.
+
+    PYTHONPATH=. python3 bench/commit_host.py --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sglang_replayssm.native.ssm_ops import SSMOps  # noqa: E402
+from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
+
+
+def run(B: int, T: int, iters: int, device: str) -> dict:
+    geo = SSMGeometry(family="gdn", num_heads=32, head_v_dim=128, head_k_dim=128, num_k_heads=16, conv_dim=8192,
+                      conv_kernel=4)
+    pool = ReplayStatePool(geo, 24, B, ReplayConfig(window=16, max_drafts=8), device=device,
+                           act_dtype=torch.bfloat16)
+    slots = pool.alloc(B)
+    pool.cursor[torch.tensor(slots, device=device)] = (torch.arange(B, device=device) % 16).int()
+    ops = SSMOps("gdn", pool, kernels="triton" if device == "cuda" else "reference")
+    acc = [T] * B
+
+    def step():
+        ops.begin_verify(slots, T)
+        ops.commit(slots, acc)
+    for _ in range(4):
+        step()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    for _ in range(iters):
+        step()
+    host = (time.perf_counter() - t) * 1e3 / iters
+    sync()
+    t = time.perf_counter()
+    for _ in range(iters):
+        step()
+        sync()
+    synced = (time.perf_counter() - t) * 1e3 / iters
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        step()
+    sync()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
+    return {"B": B, "T": T, "host_ms": host, "synced_ms": synced, "profile": s.getvalue()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,256")
+    ap.add_argument("--drafts", default="5,8")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for B in (int(b) for b in a.batches.split(",")):
+        for T in (int(t) for t in a.drafts.split(",")):
+            r = run(B, T, a.iters, dev)
+            print(f"B={B:4d} T={T}: begin_verify + commit {r['host_ms']:.3f} ms host, {r['synced_ms']:.3f} ms with a "
+                  f"device sync after each", flush=True)
+            print(r["profile"])
+            rows.append(r)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        meta = dict(device=torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", torch=torch.__version__,
+                    command="python bench/commit_host.py " + " ".join(sys.argv[1:]),
+                    time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+        with open(os.path.join(a.out, "commit_host.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
