@@ -155,7 +155,8 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
 
 
 def ops_options(args, family: str) -> dict:
-    """--decode-stages / --decode-method / --verify-method as SSMOps options ("split" verify: GDN only)."""
+    """--decode-stages / --decode-method / --verify-method / --verify-block-v as SSMOps options ("split"
+    verify: GDN only)."""
     out = {}
     dec = {}
     if getattr(args, "decode_stages", None):
@@ -166,6 +167,8 @@ def ops_options(args, family: str) -> dict:
         out["decode_options"] = dec
     if getattr(args, "verify_method", None) and (family == "gdn" or args.verify_method != "split"):
         out["verify_options"] = {"method": args.verify_method}
+    if getattr(args, "verify_block_v", None):
+        out.setdefault("verify_options", {})["block_v"] = args.verify_block_v
     return out
 
 
@@ -528,6 +531,8 @@ def main(argv=None) -> int:
                    help="ReplaySSM decode kernel variant (kernels.*.decode method; default: kernels.common.decode_plan)")
     p.add_argument("--verify-method", choices=("fma", "mma", "split"), default=None,
                    help="verify kernel variant (kernels.*.verify method; default mma; split: GDN only)")
+    p.add_argument("--verify-block-v", type=int, default=None,
+                   help="verify kernels' value rows per program (default: kernels.common.verify_blocks)")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
     args = p.parse_args(argv)
