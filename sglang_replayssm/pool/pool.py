@@ -308,8 +308,9 @@ class ReplayStatePool:
         self._commit_chain(buf, B, N, fold, slots)
 
     def _stage(self, values: list[int]) -> torch.Tensor:
-        """values in a reused pinned host buffer (int32), for one queued copy to the device: a copy from
-        pageable memory first waits for every launch queued before it (a commit's would wait on its fold)."""
+        """values in a reused pinned host buffer (int32), for one queued copy to the device (a copy from
+        pageable memory may make the host wait for the launches queued before it: the H200 commits at batch
+        256 waited on their own fold)."""
         n = len(values)
         if self._staging is None or self._staging.numel() < n:
             self._staging = torch.empty(max(n, 4096), dtype=torch.int32, pin_memory=True)
