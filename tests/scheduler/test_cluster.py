@@ -323,10 +323,10 @@ def test_killed_replica_requests_complete_exactly_once(cluster):
         assert text == r["text"], "resumed stream differs from the undisturbed answer (token lost or repeated)"
         assert len({ch["id"] for ch in chunks}) == 1
         assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch.get("choices")].count("length") == 1
-        if s in mid:  # cut by the kill: resumed on the other replica
-            assert meta["retries"] >= 1 and meta["replicas"][0] == victim and meta["replicas"][-1] != victim
+        if meta["retries"]:  # cut by the kill: resumed on the other replica
+            assert s in mid and meta["replicas"][0] == victim and meta["replicas"][-1] != victim
             resumed += 1
-    assert resumed >= 1
+    assert resumed >= 1   # (a stream of the victim may still finish between the look and the kill)
     for u, r in zip(unary_res, ref[4:]):
         assert u["tokens"] == max_tokens and u["text"] == r["text"]
 
@@ -367,7 +367,9 @@ def test_engine_crash_requests_resume_and_replica_is_replaced(cluster):
     for s, (chunks, meta, done), r in zip(streams, results, ref):
         assert done and "".join(chunk_text(ch) for ch in chunks) == r["text"]
         assert sum(1 for ch in chunks if chunk_text(ch)) == max_tokens
-        if s in mid:
-            assert meta["retries"] >= 1 and meta["replicas"][-1] != victim
+        if meta["retries"]:   # cut by the crash: resumed elsewhere
+            assert s in mid and meta["replicas"][-1] != victim
+    # a stream of the victim may still finish between the look and the kill; not all of them
+    assert any(meta["retries"] >= 1 for _chunks, meta, _done in (results[streams.index(s)] for s in mid))
     assert victim not in {r["replica"] for r in ref}  # the crashed replica was replaced
     assert all(r["retries"] == 0 for r in ref)
