@@ -7,6 +7,7 @@ its launches are queued, plus any wait on the device inside), the same with a de
 and the top functions of a cProfile of the loop.
 
     PYTHONPATH=. python3 bench/commit_host.py --out $OUT
+    python3 bench/commit_host.py --plot bench/results/commit_host_graph.json bench/results/commit_host_eager.json
 """
 from __future__ import annotations
 
@@ -64,13 +65,41 @@ def run(B: int, T: int, iters: int, device: str) -> dict:
     return {"B": B, "T": T, "host_ms": host, "synced_ms": synced, "profile": s.getvalue()}
 
 
+def plot(paths: list[str], out: str) -> None:
+    """Bars of the commit's host and synced ms per (batch, drafts), one group per results JSON."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = [(os.path.basename(p)[:-5], json.load(open(p))["rows"]) for p in paths]
+    keys = sorted({(r["B"], r["T"]) for _, rows in runs for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(runs)
+    for ax, field, title in zip(axes, ("host_ms", "synced_ms"), ("host time", "with a device sync")):
+        for i, (name, rows) in enumerate(runs):
+            val = {(r["B"], r["T"]): r[field] for r in rows}
+            ax.bar([k + i * width for k in range(len(keys))], [val.get(k, 0) for k in keys], width, label=name)
+        ax.set_xticks([k + width * (len(runs) - 1) / 2 for k in range(len(keys))])
+        ax.set_xticklabels([f"B={b}\nT={t}" for b, t in keys])
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per begin_verify + commit")
+        ax.set_title(f"pool.commit, {title} (H200)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,256")
     ap.add_argument("--drafts", default="5,8")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", nargs="+", default=None, metavar="JSON",
+                    help="only draw these results' bars into the first JSON's name + .png")
     a = ap.parse_args()
+    if a.plot:
+        plot(a.plot, a.plot[0][:-5] + ".png")
+        return
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for B in (int(b) for b in a.batches.split(",")):
