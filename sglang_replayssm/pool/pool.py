@@ -288,21 +288,21 @@ class ReplayStatePool:
             node_paths.append(path)
         for s in slots:
             del self._pending[s]
-        if self.cfg.mode == "conventional":
-            self._commit_snapshots(slots, node_paths)
-            self._commit_conv(slots, node_paths)
-            return
         # every index the commit needs, in one host -> device copy: slots, accepted counts, padded paths
         B = len(slots)
         chain = all(p == list(range(len(p))) for p in node_paths)
-        graph = (chain and fold is not None and self.device.type == "cuda" and B <= COMMIT_GRAPH_MAX_BATCH
-                 and not torch.cuda.is_current_stream_capturing())
+        graph = (self.cfg.mode != "conventional" and chain and fold is not None and self.device.type == "cuda"
+                 and B <= COMMIT_GRAPH_MAX_BATCH and not torch.cuda.is_current_stream_capturing())
         N = self.cfg.max_drafts if graph else max([len(p) for p in node_paths] + [1])
         values = slots + [len(p) for p in node_paths] + [n for p in node_paths for n in p + [0] * (N - len(p))]
         if graph:
             self._commit_graphed(values, B, N, fold)
             return
         buf = self._upload(values)
+        if self.cfg.mode == "conventional":
+            self._commit_snapshots(slots, node_paths)
+            self._roll_conv(*self._commit_indices(buf, B, N))
+            return
         if not chain:   # tree: the accepted nodes' records to the front first
             self._compact_paths(slots, node_paths, buf[:B].long())
         self._commit_chain(buf, B, N, fold, slots)
@@ -376,7 +376,7 @@ class ReplayStatePool:
         the accepted records already at cursor..): the pointer moves, rows that reach the window fold
         (``fold(pool, None, slots, counts)``: every layer, count 0 = untouched; without fold the reference
         folds the host's slots row by row), then the conv states roll. No host sync with fold."""
-        rows, acc, nodes = buf[:B], buf[B:2 * B], buf[2 * B:].view(B, N)
+        rows, acc, nodes = self._commit_indices(buf, B, N)
         idx = rows.long()
         new_t = self.cursor[idx].long() + acc
         flushed = new_t >= self.cfg.window
@@ -402,12 +402,10 @@ class ReplayStatePool:
         self.ckpt[:, idx] = self.snap[:, idx, last]
         self.folded[idx] += self._index([a for _, _, a in rows])
 
-    def _commit_conv(self, slots: list[int], paths: list[list[int]]) -> None:
-        """_roll_conv for the snapshot scheme's commit (index tensors from the host's lists)."""
-        if any(paths):
-            N = max(len(p) for p in paths)
-            self._roll_conv(self._index(slots), self._index([len(p) for p in paths]),
-                            self._index([n for p in paths for n in p + [0] * (N - len(p))]).view(len(slots), N))
+    @staticmethod
+    def _commit_indices(buf: torch.Tensor, B: int, N: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The views of a commit's uploaded indices: slots [B], accepted counts [B], padded paths [B, N]."""
+        return buf[:B], buf[B:2 * B], buf[2 * B:].view(B, N)
 
     def _roll_conv(self, rows: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor) -> None:
         """Conv state after the accepted tokens (rows [B] slots, acc [B] accepted counts, nodes [B, N] their
