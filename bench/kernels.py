@@ -365,8 +365,11 @@ def main():
     ap.add_argument("--sweep-decode", default="16x32x1,32x32x1,32x64x1,64x32x1,32x16x2,32x32x2,64x16x2,64x32x2,"
                     "32x32x4,64x32x4,128x32x4,128x32x8,32x32x1x2,32x32x2x2,32x32x2x3,64x32x4x2,"
                     "32x64x1x0x32,32x128x2x0x32,64x128x4x0x32",
-                    help="decode configs BVxBKxWARPS[xSTAGES[xFLUSH_BK]] (STAGES: software-pipelined state loop; "
-                         "FLUSH_BK: column chunk of flush rows; 0 = default)")
+                    help="decode configs BVxBKxWARPS[xSTAGES[xFLUSH_BK[xFLUSH_WARPS]]] (STAGES: software-pipelined "
+                         "state loop; FLUSH_BK: column chunk of flush rows; FLUSH_WARPS: warps of the split decode's "
+                         "flush launch; 0 = default)")
+    ap.add_argument("--sweep-decode-methods", default="fused,split",
+                    help="decode methods to sweep, comma-separated (fused, split)")
     ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
                     "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS[xSTAGES] (STAGES: mma launches only)")
     ap.add_argument("--sweep-verify-methods", default=None,
@@ -376,6 +379,9 @@ def main():
                     help="commit fold configs BVxBKxWARPS (the fold after a verify of T = 8 with every draft "
                          "accepted: half the rows fold)")
     args = ap.parse_args()
+    bad = [m for m in args.sweep_decode_methods.split(",") if m not in ("fused", "split")]
+    if bad:
+        ap.error(f"--sweep-decode-methods: unknown method {bad[0]!r} (choose from fused, split)")
     if args.plot:
         with open(args.plot) as fh:
             plot(os.path.dirname(os.path.abspath(args.plot)), json.load(fh),
@@ -540,7 +546,7 @@ def sweep(args):
         for rc in ("none", "fp8") if args.sweep_decode else ():
             pool = make_pool(geo, B, read_copy=rc)
             nb = bytes_replay(geo, B, rc)
-            for method in ("fused", "split"):
+            for method in args.sweep_decode_methods.split(","):
                 for cfg in _configs(args.sweep_decode):
                     ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg, method), 60)
                     record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}"
@@ -621,6 +627,8 @@ def plot(out, results=None, name="kernels.png"):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = (results or RESULTS)["rows"]
+    if (results or RESULTS).get("meta", {}).get("kind") == "sweep":
+        return plot_sweep(out, rows, name, plt)
     kinds = ["hbm_limit_replay_state_only", "sglang_conventional", "ours_conventional", "sglang_replayssm",
              "ours_replay_fp32", "ours_replay_fp8"]
     geos = [g["name"] for g in GEOMS if any(r["geo"] == g["name"] for r in rows)]
@@ -651,6 +659,37 @@ def plot(out, results=None, name="kernels.png"):
             ax.legend(fontsize=7)
         ax.set_title(geo)
         ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, name), dpi=110)
+
+
+def plot_sweep(out, rows, name, plt):
+    """A sweep's PNG: per (geometry, swept kernel) one panel of horizontal bars, ms per step of each
+    configuration (fastest in a darker colour), labelled with ms and GB/s."""
+    panels = sorted({(r["geo"], r["kernel"]) for r in rows if r.get("ms")})
+    if not panels:
+        raise SystemExit("no timed rows to plot")
+    cols = min(4, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 0.9 + 0.32 * max(
+        sum(1 for r in rows if (r["geo"], r["kernel"]) == p and r.get("ms")) for p in panels) * nrows),
+        squeeze=False)
+    for ax, (geo, kernel) in zip(axes.flat, panels):
+        sel = [r for r in rows if r["geo"] == geo and r["kernel"] == kernel and r.get("ms")]
+        best = min(r["ms"] for r in sel)
+        ys = range(len(sel))
+        ax.barh(ys, [r["ms"] for r in sel], color=["C3" if r["ms"] == best else "C0" for r in sel])
+        for y, r in zip(ys, sel):
+            ax.annotate(f" {r['ms']:.3f} ms, {r.get('GBps') or 0:.0f} GB/s", (r["ms"], y), va="center", fontsize=6)
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels([r.get("note", "") for r in sel], fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(r["ms"] for r in sel) * 1.45)
+        ax.set_xlabel(f"ms / step at B = {sel[0]['B']}", fontsize=7)
+        ax.set_title(f"{geo}\n{kernel}", fontsize=8)
+        ax.grid(True, axis="x", alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(os.path.join(out, name), dpi=110)
 

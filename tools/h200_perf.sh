@@ -9,6 +9,7 @@
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
 #   sweep-others   the same for Mamba-2 Super and KDA
 #   sweep-all      a smaller grid for all three families in one call (G, VER_GDN, VER_M2, G_KDA, VER_KDA; LIM_*)
+#   sweep-decode   decode only, one geometry list (GEOS), configs DEC, methods METHODS (default split)
 #   sweep-verify   verify (T = 4, 8; GDN mma, Mamba-2 fma + mma) and commit-fold blocks (VM, FOLD), no decode
 #   profile        bench/profile_kernels.py: each kernel's GPU time per decode / verify step (CASES)
 #   final          the comparison at B = 256 of all five geometries at the library's defaults (--quick), with
@@ -16,14 +17,14 @@
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
 #   e2e            bench/e2e.py at B = 256 (BATCHES), fused non-SSM kernels on, one model per run (MODELS, both
 #                  by default) at the library's kernel defaults; DECODE_METHOD / VERIFY_METHOD / VERIFY_BLOCK_V
-#                  override them;
+#                  override them; VERIFY_TOKENS="" times decode only;
 #                  writes e2e_<TAG, default b256>_<model>.json
 #   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
 # Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
 set -uo pipefail
 PY=${PY:-python3}
 OUT=${OUT:?set OUT}
-PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, sweep-verify, profile, final, kernels, e2e, e2e-stages)}
+PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, sweep-decode, sweep-verify, profile, final, kernels, e2e, e2e-stages)}
 LIMIT=${LIMIT:-560}
 # a focused grid (each config compiles once, ~2-4 s): decode BVxBKxWARPS[xSTAGES[xFLUSH_BK]], verify BVxBKxWARPS
 DEC=${DEC:-32x32x1,32x32x2,64x32x2,64x32x4,32x64x1x0x32,32x128x2x0x32,32x32x1x2,32x32x2x3}
@@ -49,6 +50,9 @@ case $PART in
     timeout "${LIM_KDA:-110}" $PY bench/kernels.py --sweep --geos kda_32h \
       --sweep-decode "${G_KDA:-32x32x1,32x32x2,16x128x2x0x128,32x128x4x0x128,32x32x1x2}" \
       --sweep-verify "${VER_KDA:-32x16x4,16x16x2}" --out "$OUT/kda" ;;
+  sweep-decode)   # decode alone (fp32 checkpoint read and fp8 read copy), no verify or fold
+    timeout "$LIMIT" $PY bench/kernels.py --sweep --geos "${GEOS:?set GEOS}" --sweep-decode "$DEC" \
+      --sweep-decode-methods "${METHODS:-split}" --sweep-verify "" --out "$OUT" ;;
   sweep-verify)   # verify (T = 4, 8) and commit-fold blocks only, no decode: GDN mma, Mamba-2 fma + mma
     VM=${VM:-32x16x2,32x16x4,16x16x2,64x16x4,32x32x2,32x32x4,64x32x4,32x64x4,32x128x4,32x16x4x1,32x16x4x2,32x32x4x2}
     FOLD=${FOLD:-16x32x4,32x32x4,16x64x4,32x64x4,32x128x4,64x128x4,16x128x2,64x128x8,16x32x2,32x32x2}
@@ -72,7 +76,7 @@ case $PART in
     for m in ${MODELS:-qwen3.5-4b nemotron-3-nano-4b}; do
       timeout "${LIM_E2E:-250}" $PY bench/e2e.py --models "$m" --batches ${BATCHES:-256} --fused on \
         ${DECODE_METHOD:+--decode-method "$DECODE_METHOD"} ${VERIFY_METHOD:+--verify-method "$VERIFY_METHOD"} \
-        ${VERIFY_BLOCK_V:+--verify-block-v "$VERIFY_BLOCK_V"} \
+        ${VERIFY_BLOCK_V:+--verify-block-v "$VERIFY_BLOCK_V"} ${VERIFY_TOKENS+--verify-tokens $VERIFY_TOKENS} \
         --out "$OUT/e2e_${TAG:-b256}_$m.json"
     done ;;
   e2e-stages)

@@ -14,8 +14,10 @@ GEOS = {
 }
 
 
-def make_pool(family, *, window=4, max_drafts=3, num_slots=6, num_layers=2, gen=None, head_k_dim=None, **cfg):
-    geo = SSMGeometry(**{**GEOS[family], **({"head_k_dim": head_k_dim} if head_k_dim else {})})
+def make_pool(family, *, window=4, max_drafts=3, num_slots=6, num_layers=2, gen=None, head_k_dim=None,
+              head_v_dim=None, **cfg):
+    dims = {k: v for k, v in (("head_k_dim", head_k_dim), ("head_v_dim", head_v_dim)) if v}
+    geo = SSMGeometry(**{**GEOS[family], **dims})
     pool = ReplayStatePool(geo, num_layers, num_slots, ReplayConfig(window=window, max_drafts=max_drafts, **cfg),
                            device=DEV)
     slots = pool.alloc(num_slots)
