@@ -143,7 +143,7 @@ def test_verify_then_commit(tree, read_copy, method, dk):
     if tree:
         paths = []
         for i, a in enumerate(acc):
-            node, path = None, []
+            path = []
             leaves = [n for n in range(T)]
             # pick the deepest node of depth a if any, else shorten
             depth = {}

@@ -38,7 +38,6 @@ def test_ssm_ops_kernel_options_reach_the_kernels_and_are_checked():
 
     H, Hk, Dv, Dk, B, T = 4, 2, 16, 16, 3, 3
     geo = SSMGeometry(family="gdn", num_heads=H, head_v_dim=Dv, head_k_dim=Dk, num_k_heads=Hk)
-    g = torch.Generator().manual_seed(3)
     outs = {}
     for kernels in ("reference", "triton"):
         pool = ReplayStatePool(geo, 1, B, ReplayConfig(window=4, max_drafts=T), device="cpu")

@@ -89,7 +89,7 @@ def _m2_call(layer_cache, idx, x, dt, Bm, Cm, A, D, dt_bias, out):
     """Call SGLang's selective_state_update the way MambaMixer2.forward does (A, dt, D, dt_bias expanded)."""
     from sglang.srt.layers.attention.mamba import mamba as mixer_mod
 
-    H, P, N = M2["H"], M2["P"], M2["N"]
+    P, N = M2["P"], M2["N"]
     assert hasattr(mixer_mod.selective_state_update, "__wrapped__"), "MambaMixer2's kernel binding is not hooked"
     A_d = A[:, None, None].expand(-1, P, N)
     dt_d = dt[..., None].expand(*dt.shape, P)

@@ -67,7 +67,6 @@ def test_pool_is_sglang_own_when_replayssm_is_off():
 
 def test_bad_pool_combinations_name_the_flag():
     with replayssm(read_copy="nvfp4"), pytest.raises(FlagError, match="--replayssm-read-copy"):
-        from .conftest import cache_params  # noqa: F401
         from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
         from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
 
