@@ -26,7 +26,8 @@ PY=${PY:-python3}
 OUT=${OUT:?set OUT}
 PART=${PART:?set PART (sweep-gdn, sweep-others, sweep-all, sweep-decode, sweep-verify, profile, final, kernels, e2e, e2e-stages)}
 LIMIT=${LIMIT:-560}
-# a focused grid (each config compiles once, ~2-4 s): decode BVxBKxWARPS[xSTAGES[xFLUSH_BK]], verify BVxBKxWARPS
+# a focused grid (each config compiles once, ~2-4 s): decode BVxBKxWARPS[xSTAGES[xFLUSH_BK[xFLUSH_WARPS]]],
+# verify BVxBKxWARPS
 DEC=${DEC:-32x32x1,32x32x2,64x32x2,64x32x4,32x64x1x0x32,32x128x2x0x32,32x32x1x2,32x32x2x3}
 VER=${VER:-16x16x2,32x16x2,32x16x4,64x16x4,64x16x8,32x32x8}
 export PYTHONPATH=.:.peer PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True

@@ -201,9 +201,9 @@ def flush_launch_warps(flush_warps, num_warps: int) -> int:
 
 
 # Where the split decode measured faster than the fused one on the H200 (batch 256; bench/README.md,
-# Kernels, "Third run", "Fourth run" and "Sixth run"), its best blocks: (block_v, block_k, num_warps, stages, whole-row
-# flush, flush launch warps or None), per (family, read copy) or, where the value rows call for other
-# blocks, (family, read copy, head_v_dim).
+# Kernels, "Third run", "Fourth run" and "Sixth run"), its best blocks: (block_v, block_k, num_warps,
+# stages, whole-row flush, flush launch warps or None), per (family, read copy) or, where the value rows
+# call for other blocks, (family, read copy, head_v_dim).
 SPLIT_TUNED = {
     ("gdn", RC_FP8): (32, 64, 1, 2, True, 2),
     ("mamba2", RC_FP8): (32, 32, 1, None, True, 2),
