@@ -366,21 +366,21 @@ def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
+    async def answer(request: Request, chat: bool):
+        """One completion or chat request: parse and check the body (4xx on bad input), then run it."""
+        body = await read_json(request)
+        params = parse_sampling(body, chat=chat)
+        prompt = parse_messages(body) if chat else parse_prompt(body)
+        opts = body.get("stream_options") or {}
+        return await run(prompt, params, bool(body.get("stream")), chat, bool(opts.get("include_usage")))
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await read_json(request)
-        params = parse_sampling(body, chat=False)
-        prompt = parse_prompt(body)
-        opts = body.get("stream_options") or {}
-        return await run(prompt, params, bool(body.get("stream")), False, bool(opts.get("include_usage")))
+        return await answer(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await read_json(request)
-        params = parse_sampling(body, chat=True)
-        prompt = parse_messages(body)
-        opts = body.get("stream_options") or {}
-        return await run(prompt, params, bool(body.get("stream")), True, bool(opts.get("include_usage")))
+        return await answer(request, chat=True)
 
     return app
 
