@@ -218,6 +218,9 @@ def cases(geos, batch, quick=False):
                     lambda mod=mod, pool=pool, inp=inp, bv=bv, bk=bk, nw=nw: \
                     mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw)
             if label in ("fp32", "fp8"):
+                # the blocks the library uses at serving batch sizes (common.decode_plan: SPLIT_TUNED)
+                yield name, f"decode {label} split defaults", lambda mod=mod, pool=pool, inp=inp: \
+                    mod.decode(pool, 0, slots, **inp, method="split")
                 yield name, f"decode {label} split bv32 bk32 w2", lambda mod=mod, pool=pool, inp=inp: \
                     mod.decode(pool, 0, slots, **inp, block_v=32, block_k=32, num_warps=2, method="split")
                 yield name, f"decode {label} split fbk{geo['Dk']} bv32 bk32 w2", \

@@ -1,4 +1,4 @@
-"""Every Triton kernel compiles for Hopper (sm_90), with no register spills.
+"""Every Triton kernel compiles for Hopper (sm_90), with no register spills (but the few pinned below).
 
 The rest of the suite runs the kernels under TRITON_INTERPRET=1, which accepts code the real
 compiler refuses (it let a non-constexpr global reach the attention kernel). This compiles each
@@ -28,7 +28,16 @@ EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kern
 # configurations have with the CI's Triton (3.8); every other kernel must have none. (LOCAL, checked
 # below too, stays 0 even when ptxas spills: the spills live in the stack frame.)
 STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8, ("_kda_fold_kernel", "fold nvfp4"): 8,
-                 ("_gdn_decode_kernel", "decode fp16-sr"): 16, ("_kda_decode_kernel", "decode fp16-sr"): 16}
+                 ("_gdn_decode_kernel", "decode fp16-sr"): 16, ("_kda_decode_kernel", "decode fp16-sr"): 16,
+                 # The library's tuned split decode (common.SPLIT_TUNED): its flush launch folds whole 128-column
+                 # rows in 1-2 warps (4 for KDA) and spills to the stack (Triton 3.6 on the H200: 208 / 232 /
+                 # 336 / 48 bytes). It runs for the 1/16 of the rows that flush, beside the read pass, and
+                 # measured faster than the spill-free launches with more warps (bench/README.md, Kernels,
+                 # fourth and sixth runs); these pin the amounts so that a change which spills more shows here.
+                 ("_m2_decode_kernel", "decode fp32 split defaults"): 176,
+                 ("_m2_decode_kernel", "decode fp8 split defaults"): 200,
+                 ("_gdn_decode_kernel", "decode fp8 split defaults"): 336,
+                 ("_kda_decode_kernel", "decode fp8 split defaults"): 56}
 
 
 def test_every_kernel_compiles_for_sm90_without_spills(tmp_path):
