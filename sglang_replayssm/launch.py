@@ -58,6 +58,10 @@ def native_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunked-prefill-size", type=int, default=256, help="prefill tokens per request per step")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=0,
                    help="prompt-lookup draft tokens verified per step (0: no speculative decoding)")
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=0,
+                   help="decode without drafts while this many requests or more decode together (0: never); "
+                        "drafts pay at small batches and lose at large ones (bench/README.md, speculative "
+                        "decoding on real text)")
     p.add_argument("--prefix-cache-entries", type=int, default=None,
                    help="prompt-prefix states kept in idle pool slots (default: a quarter of the slots; 0: off)")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's weights")
@@ -90,7 +94,8 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
         slots = 256 if dev.type == "cuda" else 8
     for flag, value, lo in (("--max-running-requests", slots, 1), ("--context-length", ns.context_length, 2),
                             ("--chunked-prefill-size", ns.chunked_prefill_size, 1),
-                            ("--speculative-num-draft-tokens", ns.speculative_num_draft_tokens, 0)):
+                            ("--speculative-num-draft-tokens", ns.speculative_num_draft_tokens, 0),
+                            ("--speculative-disable-by-batch-size", ns.speculative_disable_by_batch_size, 0)):
         if value < lo:
             parser.error(f"{flag}: must be >= {lo}, got {value}")
     cache = slots // 4 if ns.prefix_cache_entries is None else ns.prefix_cache_entries
@@ -98,6 +103,8 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
         parser.error(f"--prefix-cache-entries: must be >= 0, got {cache}")
     if ns.speculative_num_draft_tokens > 64:
         parser.error("--speculative-num-draft-tokens: at most 64")
+    if ns.speculative_disable_by_batch_size and not ns.speculative_num_draft_tokens:
+        parser.error("--speculative-disable-by-batch-size: needs --speculative-num-draft-tokens > 0")
     try:
         opts = ReplaySSMOptions.from_args(ns)
     except FlagError as e:
@@ -119,7 +126,8 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
         parser.error(f"--model-path: built-in models are 'embedded:mamba2' and 'embedded:gdn', got {ns.model_path!r}")
     return EngineArgs(model_path=ns.model_path, device=device, dtype=ns.dtype, max_running_requests=slots,
                       max_model_len=ns.context_length, chunk_size=ns.chunked_prefill_size,
-                      speculative_num_draft_tokens=ns.speculative_num_draft_tokens, replayssm=opts, seed=ns.seed,
+                      speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
+                      speculative_disable_by_batch_size=ns.speculative_disable_by_batch_size, replayssm=opts, seed=ns.seed,
                       prefix_cache_entries=cache)
 
 

@@ -38,6 +38,7 @@ class EngineArgs:
     max_model_len: int = 1024
     chunk_size: int = 256                # prefill tokens per request per step
     speculative_num_draft_tokens: int = 0
+    speculative_disable_by_batch_size: int = 0   # no drafts while this many requests decode together (0: never)
     replayssm: ReplaySSMOptions = dataclasses.field(default_factory=ReplaySSMOptions)
     seed: int = 0
     prefix_cache_entries: int = 0        # prompt-prefix states kept in spare slots (0: off)
@@ -119,6 +120,8 @@ class Engine:
             raise ValueError("--max-running-requests must be >= 1")
         if args.speculative_num_draft_tokens < 0:
             raise ValueError("--speculative-num-draft-tokens must be >= 0")
+        if args.speculative_disable_by_batch_size < 0:
+            raise ValueError("--speculative-disable-by-batch-size must be >= 0")
         self.k = args.speculative_num_draft_tokens
         geo = SSMGeometry(family=cfg.family, num_heads=cfg.ssm_heads, head_v_dim=cfg.ssm_head_v_dim,
                           head_k_dim=cfg.ssm_head_k_dim, num_k_heads=cfg.ssm_k_heads, conv_dim=cfg.conv_dim,
@@ -244,7 +247,8 @@ class Engine:
             self._emit(req, [self._sample(req, logits[0])], events)
 
     def _drafts(self, rows: list[Request]) -> list[list[int]]:
-        if not self.k:
+        off = self.args.speculative_disable_by_batch_size
+        if not self.k or (off and len(rows) >= off):   # a large batch: a verify costs more than its drafts buy
             return [[] for _ in rows]
         room = self.args.max_model_len - max(len(r.tokens) for r in rows)
         k = min(self.k, room)
@@ -421,7 +425,9 @@ class Engine:
                 "backend": self.ops.backend, "verify_backend": self.ops.verify_backend, "mode": self.pool.cfg.mode, "window": self.pool.cfg.window,
                 "device": str(self.model.device), "dtype": str(self.model.dtype).replace("torch.", ""),
                 "max_model_len": self.args.max_model_len, "slots": self.pool.num_slots,
-                "speculative_num_draft_tokens": self.k, "tokenizer": self.tokenizer.name}
+                "speculative_num_draft_tokens": self.k,
+                "speculative_disable_by_batch_size": self.args.speculative_disable_by_batch_size,
+                "tokenizer": self.tokenizer.name}
 
     def generate(self, prompts, params: SamplingParams) -> list[list[int]]:
         """Run prompts to completion (tests, benchmarks); returns the output token ids of each."""

@@ -51,6 +51,25 @@ def test_speculative_equals_greedy(conventional_tokens, opts):
     assert e.counters["steps"] < 4 * 28 / 2                 # fewer engine steps than tokens
 
 
+def test_speculation_off_at_large_batches(conventional_tokens):
+    """--speculative-disable-by-batch-size N: no drafts while N or more requests decode together; below
+    that the same engine verifies drafts again. Tokens stay the greedy ones either way."""
+    family, expected = conventional_tokens
+
+    def run(off):   # one prefill step each (chunk 64), then the 4 rows decode in lockstep and end together
+        e = Engine(EngineArgs(model_path=f"embedded:{family}", max_running_requests=4, chunk_size=64,
+                              speculative_num_draft_tokens=3, speculative_disable_by_batch_size=off))
+        assert e.generate(PROMPTS, SamplingParams(max_tokens=28)) == expected
+        return e
+    assert run(0).counters["verify_steps"] > 0                  # drafts at batch 4 when nothing turns them off
+    e = run(4)
+    assert e.counters["verify_steps"] == 0 and e.counters["draft_tokens"] == 0 and e.counters["steps"] == 27
+    assert e.generate(PROMPTS[:1], SamplingParams(max_tokens=28)) == expected[:1]
+    assert e.counters["verify_steps"] > 0                      # a batch of 1 drafts again
+    with pytest.raises(ValueError, match="--speculative-disable-by-batch-size"):
+        Engine(EngineArgs(model_path=f"embedded:{family}", speculative_disable_by_batch_size=-1))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_equals_recomputation(family):
     """Each decoded token equals the argmax of a fresh prefill of the whole sequence so far."""

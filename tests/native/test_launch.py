@@ -27,6 +27,9 @@ def test_defaults_and_flags():
                "--model-path", "embedded:gdn"])
     assert a.replayssm == ReplaySSMOptions(window=8, ckpt_precision="fp16-sr", read_copy="fp8", verify=False)
     assert a.speculative_num_draft_tokens == 4 and a.max_running_requests == 3 and a.served_name.endswith("gdn")
+    assert a.speculative_disable_by_batch_size == 0
+    a = parse(["--speculative-num-draft-tokens", "4", "--speculative-disable-by-batch-size", "16"])
+    assert a.speculative_disable_by_batch_size == 16
     assert parse(["--no-replayssm-decode"]).replayssm.replay_config().mode == "conventional"
 
 
@@ -40,6 +43,8 @@ def test_defaults_and_flags():
     (["--port", "http"], "--port"),
     (["--max-running-requests", "0"], "--max-running-requests"),
     (["--speculative-num-draft-tokens", "-1"], "--speculative-num-draft-tokens"),
+    (["--speculative-disable-by-batch-size", "-1"], "--speculative-disable-by-batch-size"),
+    (["--speculative-disable-by-batch-size", "8"], "--speculative-disable-by-batch-size"),   # without drafts
     (["--device", "tpu"], "--device"),
     (["--device", "cuda"], "--device"),
     (["--model-path", "/nonexistent/model"], "--model-path"),
