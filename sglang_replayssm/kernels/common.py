@@ -238,13 +238,18 @@ VERIFY_TUNED = {("gdn", "fma"): (32, 2), ("gdn", "mma"): (64, 1), ("gdn", "split
                 ("kda", "fma"): (32, 2), ("kda", "mma"): (128, 1)}
 
 
-def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple[int, int]:
-    """A launch's (block_v, num_warps): the given ones (validated), else the defaults."""
+def check_block_v(block_v, default: int) -> int:
+    """A wrapper's value rows per program (`block_v`): the given one (a power of 2 >= 16), else default."""
     check(block_v is None or (isinstance(block_v, int) and block_v >= 16 and block_v & (block_v - 1) == 0),
           f"block_v must be None or a power of 2 >= 16, got {block_v!r}")
+    return block_v or default
+
+
+def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple[int, int]:
+    """A launch's (block_v, num_warps): the given ones (validated), else the defaults."""
     check(num_warps is None or num_warps in (1, 2, 4, 8, 16),
           f"num_warps must be None or a power of 2 in 1..16, got {num_warps!r}")
-    return block_v or default_v, num_warps or default_warps
+    return check_block_v(block_v, default_v), num_warps or default_warps
 
 
 def verify_blocks(family: str, method: str, block_v, num_warps) -> tuple[int, int]:

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
-                     decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
+from .common import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages, check_tensor,
+                     chunk_k, decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, flush_tiles, fold_store, fold_tile_store, gram_update, INTERPRET, join_stream,
                      launch_stages, LayerViews, load_records, load_state_chunk, next_pow2, on_stream, output_tensor,
                      record_key_products, replay_pass, ring_program, ring_row, softplus, stacked_draft_pass, stacked_halves,
@@ -455,11 +455,8 @@ def _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, device, T=Non
     check(H % Hk == 0, f"num value heads {H} must be a multiple of num k-heads {Hk}")
 
 
-def _block_v(Dv, B, H, block_v):
-    if block_v is not None:
-        check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
-        return block_v
-    return min(max(next_pow2(Dv), 16), 32)
+def _block_v(Dv, block_v):
+    return check_block_v(block_v, min(max(next_pow2(Dv), 16), 32))
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
@@ -493,7 +490,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                                   flush_block_k=flush_block_k, flush_warps=flush_warps))
     block_v, block_k, num_warps, stages, flush_block_k, flush_warps = (
         kn[n] for n in ("block_v", "block_k", "num_warps", "stages", "flush_block_k", "flush_warps"))
-    BV = _block_v(Dv, B, H, block_v)
+    BV = _block_v(Dv, block_v)
     nw = num_warps or default_warps(B, H)
     if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
         BV = max(16, next_pow2(lv.Dv))
@@ -517,7 +514,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
         _gdn_decode_prep_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, prep, scale, HK=Hk, K=Dk,
                                          R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
-        rbv, rnw = _block_v(Dv, B, H, block_v), num_warps or default_warps(B, H)
+        rbv, rnw = _block_v(Dv, block_v), num_warps or default_warps(B, H)
         _gdn_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
             q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_g, prep,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR,
@@ -598,7 +595,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     out = output_tensor(out, (B, H, Dv), v, state.device)
     if B == 0:
         return out
-    BV = _block_v(Dv, B, H, block_v)
+    BV = _block_v(Dv, block_v)
     grid = (triton.cdiv(Dv, BV), H, B)
     _gdn_conv_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, state, scale,
                            H=H, HK=Hk, K=Dk, V=Dv, BV=BV, BK=next_pow2(Dk), EPS=L2_EPS,

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
-                     decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
+from .common import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages, check_tensor,
+                     chunk_k, decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_layer_head, FOLD_PREC, INTERPRET, join_stream, launch_stages, LayerViews,
                      load_state_chunk, next_pow2, on_stream, output_tensor, read_copy_scales, ring_program, ring_row,
                      softplus, store_draft_d, store_state_chunk, verify_blocks)
@@ -516,10 +516,7 @@ def _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, device, T=Non
 
 
 def _block_v(Dv, block_v):
-    if block_v is not None:
-        check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
-        return block_v
-    return 32
+    return check_block_v(block_v, 32)
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,

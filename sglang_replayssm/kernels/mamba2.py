@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from . import common
-from .common import (check, check_block_k, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k,
-                     decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
+from .common import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages, check_tensor,
+                     chunk_k, decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
                      fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records, load_state_chunk,
                      next_pow2, on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
                      softplus, stacked_draft_pass, stacked_halves, state_tile, verify_blocks)
@@ -325,10 +325,7 @@ def _check_inputs(B, H, G, P, N, x, dt, A, Bm, C, D, dt_bias, z, device, T=None)
 
 
 def _block_v(P, block_v):
-    if block_v is not None:
-        check(block_v >= 16 and block_v & (block_v - 1) == 0, f"block_v must be a power of 2 >= 16, got {block_v}")
-        return block_v
-    return min(max(next_pow2(P), 16), 32)
+    return check_block_v(block_v, min(max(next_pow2(P), 16), 32))
 
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
