@@ -532,7 +532,7 @@ def main(argv=None) -> int:
     p.add_argument("--verify-method", choices=("fma", "mma", "split"), default=None,
                    help="verify kernel variant (kernels.*.verify method; default mma; split: GDN only)")
     p.add_argument("--verify-block-v", type=int, default=None,
-                   help="verify kernels' value rows per program (default: kernels.common.verify_blocks)")
+                   help="verify kernels' value rows per program (default: kernels.common.verify_plan)")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
     args = p.parse_args(argv)

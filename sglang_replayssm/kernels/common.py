@@ -252,9 +252,13 @@ def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple
     return check_block_v(block_v, default_v), num_warps or default_warps
 
 
-def verify_blocks(family: str, method: str, block_v, num_warps) -> tuple[int, int]:
-    """A verify launch's (block_v, num_warps): the given ones, else VERIFY_TUNED's."""
-    return block_knobs(block_v, num_warps, *VERIFY_TUNED[(family, method)])
+def verify_plan(family: str, method, block_v, num_warps) -> tuple[str, int, int]:
+    """A verify launch's (method, block_v, num_warps): method None is "mma" (the fastest on the H200 at every
+    T = 1..8), else one of the family's methods (VERIFY_TUNED's keys); the given blocks, else VERIFY_TUNED's."""
+    have = [m for f, m in VERIFY_TUNED if f == family]
+    method = "mma" if method is None else method
+    check(method in have, f"method must be None, {', '.join(map(repr, have[:-1]))} or {have[-1]!r}, got {method!r}")
+    return (method, *block_knobs(block_v, num_warps, *VERIFY_TUNED[(family, method)]))
 
 
 def default_warps(batch: int, heads: int) -> int:

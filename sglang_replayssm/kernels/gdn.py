@@ -18,7 +18,7 @@ from .common import (check, check_block_k, check_block_v, check_flush_block_k, c
                      draft_structure, flush_tiles, fold_store, fold_tile_store, gram_update, INTERPRET, join_stream,
                      launch_stages, LayerViews, load_records, load_state_chunk, next_pow2, on_stream, output_tensor,
                      record_key_products, replay_pass, ring_program, ring_row, softplus, stacked_draft_pass, stacked_halves,
-                     state_tile, store_draft_d, verify_blocks)
+                     state_tile, store_draft_d, verify_plan)
 from . import common
 
 L2_EPS = 1e-6
@@ -546,15 +546,13 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     out = output_tensor(out, (B, T, H, Dv), v, lv.device)
     if B == 0:
         return out
-    if method is None:
-        method = "mma"
-    check(method in ("fma", "mma", "split"), f"method must be None, 'fma', 'mma' or 'split', got {method!r}")
-    BV, num_warps = verify_blocks("gdn", method, block_v, num_warps)
+    method, BV, num_warps = verify_plan("gdn", method, block_v, num_warps)
     nst = launch_stages(stages)
+    BKC, BR = check_block_k(block_k, Dk) or chunk_k(Dk, 16), max(16, next_pow2(lv.window))
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
     if method == "split":  # record/draft products once per (row, k-head), then the state pass
-        BT, BR, BKC = next_pow2(T), max(16, next_pow2(lv.window)), check_block_k(block_k, Dk) or chunk_k(Dk, 16)
+        BT = next_pow2(T)
         gram = torch.empty((B, Hk, 2 * BR * BT + 2 * BT * BT + 2 * BT), dtype=torch.float32, device=lv.device)
         _gdn_draft_gram_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, gram, scale, HK=Hk, K=Dk, R=lv.R, T=T,
                                          BT=BT, BKC=BKC, BR=BR, EPS=L2_EPS, num_warps=4)
@@ -568,16 +566,15 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
                                      parents if parents is not None else slots, out, slots, lv.cursor,
                                      lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                                      H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(8, next_pow2(T)), BV=BV,
-                                     BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)),
-                                     RC=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS,
+                                     BKC=BKC, BR=BR, RC=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS,
                                      PREC="ieee" if INTERPRET else "tf32x3", num_warps=num_warps, **nst)
         return out
     _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                              parents if parents is not None else slots, out, slots, lv.cursor,
                              lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                              H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
-                             BKC=check_block_k(block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
-                             HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps)
+                             BKC=BKC, BR=BR, RC=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS,
+                             num_warps=num_warps)
     return out
 
 

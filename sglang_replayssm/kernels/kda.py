@@ -16,7 +16,7 @@ from .common import (check, check_block_k, check_block_v, check_flush_block_k, c
                      chunk_k, decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
                      draft_structure, fold_layer_head, FOLD_PREC, INTERPRET, join_stream, launch_stages, LayerViews,
                      load_state_chunk, next_pow2, on_stream, output_tensor, read_copy_scales, ring_program, ring_row,
-                     softplus, store_draft_d, store_state_chunk, verify_blocks)
+                     softplus, store_draft_d, store_state_chunk, verify_plan)
 from . import common
 
 L2_EPS = 1e-6
@@ -601,10 +601,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device, T=T)
     if parents is not None:
         check_tensor("parents", parents, shape=(B, T), dtype=torch.int32, device=lv.device)
-    if method is None:
-        method = "mma"
-    check(method in ("fma", "mma"), f"method must be None, 'fma' or 'mma', got {method!r}")
-    BV, num_warps = verify_blocks("kda", method, block_v, num_warps)
+    method, BV, num_warps = verify_plan("kda", method, block_v, num_warps)
     nst = launch_stages(stages)
     scale = Dk ** -0.5 if scale is None else float(scale)
     out = output_tensor(out, (B, T, H, Dv), v, lv.device)

@@ -15,7 +15,7 @@ from .common import (check, check_block_k, check_block_v, check_flush_block_k, c
                      chunk_k, decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
                      fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records, load_state_chunk,
                      next_pow2, on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
-                     softplus, stacked_draft_pass, stacked_halves, state_tile, verify_blocks)
+                     softplus, stacked_draft_pass, stacked_halves, state_tile, verify_plan)
 
 
 @triton.jit
@@ -413,10 +413,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     out = output_tensor(out, (Bn, T, H, P), x, lv.device)
     if Bn == 0:
         return out
-    if method is None:
-        method = "mma"
-    check(method in ("fma", "mma"), f"method must be None, 'fma' or 'mma', got {method!r}")
-    BV, num_warps = verify_blocks("mamba2", method, block_v, num_warps)
+    method, BV, num_warps = verify_plan("mamba2", method, block_v, num_warps)
     rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(P, BV), H, Bn)
     kern, BT, extra = _m2_verify_kernel, next_pow2(T), {}
