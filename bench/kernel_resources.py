@@ -34,6 +34,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sglang_replayssm.kernels import gdn as kgdn, kda as kkda, mamba2 as km2  # noqa: E402
+from sglang_replayssm.kernels.common import verify_methods  # noqa: E402
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
 
 # Hopper SM limits (CUDA occupancy rules for compute capability 9.0)
@@ -236,8 +237,7 @@ def cases(geos, batch, quick=False):
         pool = make_pool(geo, nslots=batch)
         for T in (4,) if quick else (1, 4, 8):
             inp_t = make_inputs(geo, batch, T=T)
-            methods = {"gdn": ("fma", "mma", "split"), "mamba2": ("fma", "mma"), "kda": ("fma", "mma")}[geo["family"]]
-            for method in methods:
+            for method in verify_methods(geo["family"]):
                 kw = {"method": method}
                 cfgs = ((32, 16, 4),) + (() if quick or method != "mma" else MMA_VERIFY_CONFIGS)
                 for bv, bk, nw in cfgs:

@@ -23,6 +23,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sglang_replayssm.kernels import gdn as kgdn, mamba2 as km2  # noqa: E402
+from sglang_replayssm.kernels.common import verify_methods as verify_methods_of  # noqa: E402
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
 
 try:
@@ -513,8 +514,7 @@ def _configs(spec):
 
 def verify_methods(geo, spec=None):
     """The verify methods a family's wrapper has (spec: a comma-separated subset to keep)."""
-    have = {"gdn": ("fma", "mma", "split"), "mamba2": ("fma", "mma"), "kda": ("fma", "mma")}[geo["family"]]
-    return [m for m in have if spec is None or m in spec.split(",")]
+    return [m for m in verify_methods_of(geo["family"]) if spec is None or m in spec.split(",")]
 
 
 def sweep(args):

@@ -252,10 +252,15 @@ def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple
     return check_block_v(block_v, default_v), num_warps or default_warps
 
 
+def verify_methods(family: str) -> list[str]:
+    """The verify methods a family's wrapper has (VERIFY_TUNED's keys): fma, mma, and split for GDN."""
+    return [m for f, m in VERIFY_TUNED if f == family]
+
+
 def verify_plan(family: str, method, block_v, num_warps) -> tuple[str, int, int]:
     """A verify launch's (method, block_v, num_warps): method None is "mma" (the fastest on the H200 at every
-    T = 1..8), else one of the family's methods (VERIFY_TUNED's keys); the given blocks, else VERIFY_TUNED's."""
-    have = [m for f, m in VERIFY_TUNED if f == family]
+    T = 1..8), else one of verify_methods(family); the given blocks, else VERIFY_TUNED's."""
+    have = verify_methods(family)
     method = "mma" if method is None else method
     check(method in have, f"method must be None, {', '.join(map(repr, have[:-1]))} or {have[-1]!r}, got {method!r}")
     return (method, *block_knobs(block_v, num_warps, *VERIFY_TUNED[(family, method)]))
