@@ -1,21 +1,11 @@
 """bench/spec_decode.py: the drafter-on-real-text simulation and the quick run on a trained tiny model
 (speculative tokens equal the greedy ones; the counters add up)."""
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("spec_decode_bench", ROOT / "bench" / "spec_decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench import spec_decode as sd
 
 
 def test_real_text_simulation_counts():
-    sd = _bench()
     text = list(b"def f(x):\n    return x\n")
     pairs = [(text * 2, text * 3), (list(b"abc"), list(b"xyzxyzq"))]
     for k in (0, 1, 4):
@@ -36,7 +26,6 @@ def test_real_text_simulation_counts():
 
 
 def test_quick_run_matches_greedy(tmp_path):
-    sd = _bench()
     out = tmp_path / "spec.json"
     assert sd.main(["--quick", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
