@@ -298,7 +298,7 @@ class ReplayStatePool:
         if graph:
             self._commit_graphed(values, B, N, fold)
             return
-        buf = self._upload(values)
+        buf = self._staged_copy(None, values)
         if self.cfg.mode == "conventional":
             self._commit_snapshots(slots, node_paths)
             self._roll_conv(*self._commit_indices(buf, B, N))
@@ -329,9 +329,6 @@ class ReplayStatePool:
         self._staged.record()
         return out
 
-    def _upload(self, values: list[int]) -> torch.Tensor:
-        return self._staged_copy(None, values)
-
     def _commit_graphed(self, values: list[int], B: int, N: int, fold: Callable) -> None:
         """A chain commit of B rows as a replay of a CUDA graph of its device work (_commit_chain): the
         indices go into the graph's input buffer (one copy) and one replay launches the fold, the pointer
@@ -345,7 +342,7 @@ class ReplayStatePool:
             graph.replay()
             return
         if key in self._commit_graphs:                  # capture failed before: eager for good
-            self._commit_chain(self._upload(values), B, N, fold)
+            self._commit_chain(self._staged_copy(None, values), B, N, fold)
             return
         static = self._staged_copy(torch.empty(len(values), dtype=torch.int32, device=self.device), values)
         self._commit_chain(static, B, N, fold)         # this commit (and every kernel compiled)
