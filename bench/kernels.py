@@ -376,6 +376,8 @@ def main():
     ap.add_argument("--sweep-verify-methods", default=None,
                     help="verify methods to sweep, comma-separated (default: fma,mma,split for GDN, fma,mma for "
                          "Mamba-2 and KDA)")
+    ap.add_argument("--sweep-read-copies", default="none,fp8",
+                    help="decode sweep read copies, comma-separated: none (the fp32 checkpoint) and/or fp8")
     ap.add_argument("--sweep-fold", default="",
                     help="commit fold configs BVxBKxWARPS (the fold after a verify of T = 8 with every draft "
                          "accepted: half the rows fold)")
@@ -383,6 +385,9 @@ def main():
     bad = [m for m in args.sweep_decode_methods.split(",") if m not in ("fused", "split")]
     if bad:
         ap.error(f"--sweep-decode-methods: unknown method {bad[0]!r} (choose from fused, split)")
+    bad = [r for r in args.sweep_read_copies.split(",") if r not in ("none", "fp8")]
+    if bad:
+        ap.error(f"--sweep-read-copies: unknown read copy {bad[0]!r} (choose from none, fp8)")
     if args.plot:
         with open(args.plot) as fh:
             plot(os.path.dirname(os.path.abspath(args.plot)), json.load(fh),
@@ -543,7 +548,7 @@ def sweep(args):
         slots = (torch.randperm(B, device=DEV) + 1).int()
         inp = make_inputs(geo, B)
         curs = cursor_sets(B, B, slots)
-        for rc in ("none", "fp8") if args.sweep_decode else ():
+        for rc in args.sweep_read_copies.split(",") if args.sweep_decode else ():
             pool = make_pool(geo, B, read_copy=rc)
             nb = bytes_replay(geo, B, rc)
             for method in args.sweep_decode_methods.split(","):

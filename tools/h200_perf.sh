@@ -9,7 +9,8 @@
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
 #   sweep-others   the same for Mamba-2 Super and KDA
 #   sweep-all      a smaller grid for all three families in one call (G, VER_GDN, VER_M2, G_KDA, VER_KDA; LIM_*)
-#   sweep-decode   decode only, one geometry list (GEOS), configs DEC, methods METHODS (default split)
+#   sweep-decode   decode only, one geometry list (GEOS), configs DEC, methods METHODS (default split), read
+#                  copies RCS (default none,fp8)
 #   sweep-verify   verify (T = 4, 8; GDN mma, Mamba-2 fma + mma) and commit-fold blocks (VM, FOLD), no decode
 #   profile        bench/profile_kernels.py: each kernel's GPU time per decode / verify step (CASES)
 #   final          the comparison at B = 256 of all five geometries at the library's defaults (--quick), with
@@ -53,7 +54,8 @@ case $PART in
       --sweep-verify "${VER_KDA:-32x16x4,16x16x2}" --out "$OUT/kda" ;;
   sweep-decode)   # decode alone (fp32 checkpoint read and fp8 read copy), no verify or fold
     timeout "$LIMIT" $PY bench/kernels.py --sweep --geos "${GEOS:?set GEOS}" --sweep-decode "$DEC" \
-      --sweep-decode-methods "${METHODS:-split}" --sweep-verify "" --out "$OUT" ;;
+      --sweep-decode-methods "${METHODS:-split}" --sweep-read-copies "${RCS:-none,fp8}" --sweep-verify "" \
+      --out "$OUT" ;;
   sweep-verify)   # verify (T = 4, 8) and commit-fold blocks only, no decode: GDN mma, Mamba-2 fma + mma
     VM=${VM:-32x16x2,32x16x4,16x16x2,64x16x4,32x32x2,32x32x4,64x32x4,32x64x4,32x128x4,32x16x4x1,32x16x4x2,32x32x4x2}
     FOLD=${FOLD:-16x32x4,32x32x4,16x64x4,32x64x4,32x128x4,64x128x4,16x128x2,64x128x8,16x32x2,32x32x2}

@@ -201,24 +201,23 @@ def flush_launch_warps(flush_warps, num_warps: int) -> int:
 
 
 # Where the split decode measured faster than the fused one on the H200 (batch 256; bench/README.md,
-# Kernels, "Third run", "Fourth run" and "Sixth run"), its best blocks: (block_v, block_k, num_warps,
-# stages, whole-row flush, flush launch warps or None), per (family, read copy) or, where the value rows
-# call for other blocks, (family, read copy, head_v_dim).
+# Kernels, "Third run", "Fourth run", "Sixth run" and "Seventh run"), its best blocks: (block_v, block_k, num_warps,
+# stages, whole-row flush, flush launch warps or None), per (family, read copy).
 SPLIT_TUNED = {
-    ("gdn", RC_FP8): (32, 64, 1, 2, True, 2),
+    ("gdn", RC_FP8): (32, 128, 1, None, True, 2),
+    ("mamba2", RC_NONE): (16, 32, 1, None, True, 1),
     ("mamba2", RC_FP8): (32, 32, 1, None, True, 2),
-    ("mamba2", RC_NONE, 80): (16, 32, 1, None, True, 1),   # Nemotron-Nano: 80 value rows per head
-    ("kda", RC_NONE): (64, 128, 4, None, True, None),
-    ("kda", RC_FP8): (64, 128, 4, None, True, None),
+    ("kda", RC_NONE): (32, 64, 1, 2, True, 2),
+    ("kda", RC_FP8): (32, 64, 1, 2, True, 2),
 }
 
 
-def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dv: int, Dk: int, method, knobs: dict):
+def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dk: int, method, knobs: dict):
     """The decode method and block knobs a wrapper uses. method None picks "split" where SPLIT_TUNED
     has an entry and the grid fills the GPU (batch * heads >= 1024), else "fused". A split decode
     with none of the knobs set gets the tuned blocks (block_k capped at head_k_dim; the whole-row
     flush is flush_block_k = head_k_dim)."""
-    tuned = SPLIT_TUNED.get((family, rc_mode, Dv), SPLIT_TUNED.get((family, rc_mode)))
+    tuned = SPLIT_TUNED.get((family, rc_mode))
     if method is None:
         method = "split" if tuned is not None and batch * heads >= 1024 else "fused"
     check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")

@@ -485,7 +485,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
         return out
-    method, kn = decode_plan("gdn", lv.rc_mode, B, H, Dv, Dk, method,
+    method, kn = decode_plan("gdn", lv.rc_mode, B, H, Dk, method,
                              dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
                                   flush_block_k=flush_block_k, flush_warps=flush_warps))
     block_v, block_k, num_warps, stages, flush_block_k, flush_warps = (

@@ -350,7 +350,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     out = output_tensor(out, (Bn, H, P), x, lv.device)
     if Bn == 0:
         return out
-    method, kn = decode_plan("mamba2", lv.rc_mode, Bn, H, P, N, method,
+    method, kn = decode_plan("mamba2", lv.rc_mode, Bn, H, N, method,
                              dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
                                   flush_block_k=flush_block_k, flush_warps=flush_warps))
     block_v, block_k, num_warps, stages, flush_block_k, flush_warps = (

@@ -94,26 +94,28 @@ def test_flush_list_picks_the_flush_rows_in_order():
 def test_decode_plan_picks_the_measured_method_and_config():
     none = dict(block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, flush_warps=None)
     # a read copy on a full grid: split with the tuned blocks (block_k capped at head_k_dim)
-    m, kn = common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, 128, None, none)
-    assert m == "split" and kn == dict(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128,
+    m, kn = common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, None, none)
+    assert m == "split" and kn == dict(block_v=32, block_k=128, num_warps=1, stages=None, flush_block_k=128,
                                        flush_warps=2)
-    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 128, 64, 16, None, none)
+    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 128, 16, None, none)
     assert m == "split" and kn["block_v"] == 32 and kn["block_k"] == 16 and kn["flush_block_k"] == 16
-    # Nemotron-Nano's 80 value rows: fp8 the same blocks (the last 32-row block of a head half masked); fp32
-    # split too, in 16-row blocks with a 1-warp flush launch
-    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 96, 80, 128, None, none)
+    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 96, 128, None, none)
     assert m == "split" and kn == dict(block_v=32, block_k=32, num_warps=1, stages=None, flush_block_k=128,
                                        flush_warps=2)
-    m, kn = common.decode_plan("mamba2", common.RC_NONE, 256, 96, 80, 128, None, none)
+    # Mamba-2 with the fp32 checkpoint read: split too, in 16-row blocks with a 1-warp flush launch
+    m, kn = common.decode_plan("mamba2", common.RC_NONE, 256, 96, 128, None, none)
     assert m == "split" and kn == dict(block_v=16, block_k=32, num_warps=1, stages=None, flush_block_k=128,
                                        flush_warps=1)
-    # fp32 GDN / Mamba-2, small grids and NVFP4: fused, knobs untouched
-    for fam, rc, b in (("gdn", common.RC_NONE, 256), ("mamba2", common.RC_NONE, 256), ("gdn", common.RC_FP8, 8),
+    m, kn = common.decode_plan("kda", common.RC_FP8, 256, 32, 128, None, none)
+    assert m == "split" and kn == dict(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128,
+                                       flush_warps=2)
+    # fp32 GDN, small grids and NVFP4: fused, knobs untouched
+    for fam, rc, b in (("gdn", common.RC_NONE, 256), ("mamba2", common.RC_NONE, 8), ("gdn", common.RC_FP8, 8),
                        ("kda", common.RC_NVFP4, 256)):
-        assert common.decode_plan(fam, rc, b, 32, 128, 128, None, none) == ("fused", none)
-    assert common.decode_plan("kda", common.RC_NONE, 64, 32, 128, 128, None, none)[0] == "split"
+        assert common.decode_plan(fam, rc, b, 32, 128, None, none) == ("fused", none)
+    assert common.decode_plan("kda", common.RC_NONE, 64, 32, 128, None, none)[0] == "split"
     # an explicit knob keeps the caller's configuration (the other knobs stay at the wrapper defaults)
     mine = dict(none, num_warps=2)
-    assert common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, 128, "split", mine) == ("split", mine)
+    assert common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, "split", mine) == ("split", mine)
     with pytest.raises(ValueError, match="method must be None, 'fused' or 'split', got 'auto'"):
-        common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, 128, "auto", none)
+        common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, "auto", none)
