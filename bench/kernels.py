@@ -687,7 +687,7 @@ def plot_sweep(out, rows, name, plt):
         for y, r in zip(ys, sel):
             ax.annotate(f" {r['ms']:.3f} ms, {r.get('GBps') or 0:.0f} GB/s", (r["ms"], y), va="center", fontsize=6)
         ax.set_yticks(list(ys))
-        ax.set_yticklabels([r.get("note", "") for r in sel], fontsize=6)
+        ax.set_yticklabels([r.get("note", "") + (f" [{r['variant']}]" if "variant" in r else "") for r in sel], fontsize=6)
         ax.invert_yaxis()
         ax.set_xlim(0, max(r["ms"] for r in sel) * 1.45)
         ax.set_xlabel(f"ms / step at B = {sel[0]['B']}", fontsize=7)
