@@ -677,6 +677,12 @@ def flush_list(slots, cursor, window: int):
     return rows, count, min(B, max(1, 2 * triton.cdiv(B, window)))
 
 
+# Warps of the split decode's prep launch (one small program per row and k-head / group / head): one warp
+# measured faster than 4 (KDA 0.252 -> 0.223 ms fp32, 0.196 -> 0.168 fp8; GDN fp8 0.126 -> 0.124; Mamba-2
+# unchanged; bench/README.md, Kernels, "Seventh run").
+PREP_WARPS = 1
+
+
 def decode_launch_rows(method: str, slots, lv, num_warps: int, flush_warps):
     """The row axis of a decode wrapper's main launch: every batch row for "fused"; for "split" only
     the flush rows (flush_list), with the flush launch's warps (flush_launch_warps) and the side stream

@@ -513,7 +513,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
         _gdn_decode_prep_kernel[(Hk, B)](q, k, slots, lv.cursor, lv.rec_k, prep, scale, HK=Hk, K=Dk,
-                                         R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
+                                         R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=common.PREP_WARPS)
         rbv, rnw = _block_v(Dv, block_v), num_warps or default_warps(B, H)
         _gdn_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
             q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_g, prep,

@@ -569,7 +569,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     if method == "split":
         prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
         _kda_decode_prep_kernel[(H, B)](q, k, a, b, A_log, dt_bias, slots, lv.cursor, lv.rec_k, lv.rec_g, prep, scale,
-                                        H=H, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS, num_warps=4)
+                                        H=H, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR, EPS=L2_EPS,
+                                        num_warps=common.PREP_WARPS)
         rbv = _block_v(Dv, block_v)
         rnw = num_warps or default_warps(B, H)
         _kda_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](

@@ -379,7 +379,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
         prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
         _m2_decode_prep_kernel[(G, Bn)](B, C, slots, lv.cursor, lv.rec_k, prep, G=G, K=N, R=lv.R,
                                         WINDOW=lv.window,
-                                        BR=BR, num_warps=4)
+                                        BR=BR, num_warps=common.PREP_WARPS)
         rbv, rnw = _block_v(P, block_v), num_warps or default_warps(Bn, H)
         _m2_decode_read_kernel[(triton.cdiv(P, rbv), H, Bn)](
             x, dt, A, C, D, dt_bias, z if z is not None else x, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs,
