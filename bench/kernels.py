@@ -120,9 +120,17 @@ def module(geo):
     return {"mamba2": km2, "gdn": kgdn, "kda": kkda}[geo["family"]]
 
 
-def cursor_sets(B, nslots, slots):
-    """L cursor tensors over all slots; row b starts at b % L (shuffled), one step later +1 mod L."""
-    base = torch.randperm(B, device=DEV) % L
+CURSORS = ("staggered", "synchronized")
+
+
+def cursor_sets(B, nslots, slots, cursors="staggered"):
+    """L cursor tensors over all slots, one per step of a window, one step later +1 mod L. "staggered"
+    (steady-state serving): row b starts at b % L (shuffled), so B / L rows flush in every step;
+    "synchronized" (rows admitted together): every row starts at 0, so all B rows flush in the window's
+    last step. Every row flushes once per window either way (the same bytes per step on average)."""
+    if cursors not in CURSORS:
+        raise ValueError(f"cursors must be one of {CURSORS}, got {cursors!r}")
+    base = torch.randperm(B, device=DEV) % L if cursors == "staggered" else torch.zeros(B, dtype=torch.long, device=DEV)
     out = []
     for s in range(L):
         c = torch.zeros(nslots + 1, dtype=torch.int32, device=DEV)
@@ -376,6 +384,9 @@ def main():
     ap.add_argument("--sweep-verify-methods", default=None,
                     help="verify methods to sweep, comma-separated (default: fma,mma,split for GDN, fma,mma for "
                          "Mamba-2 and KDA)")
+    ap.add_argument("--cursors", choices=CURSORS, default="staggered",
+                    help="ring cursors of the decode rows over a window: staggered (B / L rows flush every step, "
+                         "steady-state serving) or synchronized (all rows flush in the same step)")
     ap.add_argument("--sweep-read-copies", default="none,fp8",
                     help="decode sweep read copies, comma-separated: none (the fp32 checkpoint) and/or fp8")
     ap.add_argument("--sweep-fold", default="",
@@ -398,7 +409,7 @@ def main():
     if args.sweep:
         return sweep(args)
     dev = torch.cuda.get_device_properties(0)
-    RESULTS["meta"] = dict(device=dev.name, sms=dev.multi_processor_count, torch=torch.__version__,
+    RESULTS["meta"] = dict(device=dev.name, sms=dev.multi_processor_count, cursors=args.cursors, torch=torch.__version__,
                            triton=triton.__version__, window=L, act_dtype=str(ACT), state_dtype="float32",
                            method="do_bench median of a CUDA graph of L steps / L; L2 flushed before each replay",
                            command="python bench/kernels.py " + " ".join(sys.argv[1:]),
@@ -426,7 +437,7 @@ def main():
             rep = 60 if B < 256 else 120
             slots = (torch.randperm(nslots, device=DEV)[:B] + 1).int()
             inp = make_inputs(geo, B)
-            curs = cursor_sets(B, nslots, slots)
+            curs = cursor_sets(B, nslots, slots, args.cursors)
             name = geo["name"]
             lim = dict(state_only=bytes_state_only(geo, B) / bw / 1e6, state_only_fp8=bytes_state_only(geo, B, "fp8") / bw / 1e6)
             cb = bytes_conventional(geo, B)
@@ -528,7 +539,7 @@ def sweep(args):
     chain drafts alone (no commit fold), and the commit fold after a T = 8 verify with every draft
     accepted (--sweep-fold), each config a CUDA graph of L steps. Picks the configs for the defaults."""
     dev = torch.cuda.get_device_properties(0)
-    RESULTS["meta"] = dict(device=dev.name, torch=torch.__version__, triton=triton.__version__, window=L,
+    RESULTS["meta"] = dict(device=dev.name, torch=torch.__version__, triton=triton.__version__, window=L, cursors=args.cursors,
                            command="python bench/kernels.py " + " ".join(sys.argv[1:]), kind="sweep",
                            time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     bw = copy_bandwidth()
@@ -547,7 +558,7 @@ def sweep(args):
             continue
         slots = (torch.randperm(B, device=DEV) + 1).int()
         inp = make_inputs(geo, B)
-        curs = cursor_sets(B, B, slots)
+        curs = cursor_sets(B, B, slots, args.cursors)
         for rc in args.sweep_read_copies.split(",") if args.sweep_decode else ():
             pool = make_pool(geo, B, read_copy=rc)
             nb = bytes_replay(geo, B, rc)

@@ -93,7 +93,7 @@ def case_spec(case):
     return geo, kind, vals, (None if method in ("", "none") else method)
 
 
-def build(case, B):
+def build(case, B, cursors="staggered"):
     geo_name, kind, cfg, method = case_spec(case)
     geo = next(g for g in bk.GEOMS if g["name"] == geo_name)
     slots = (torch.randperm(B, device=bk.DEV) + 1).int()
@@ -111,7 +111,7 @@ def build(case, B):
         return geo, steps, reset, nb
     rc = "none" if kind == "fp32" else kind
     pool = bk.make_pool(geo, B, read_copy=rc)
-    curs = bk.cursor_sets(B, B, slots)
+    curs = bk.cursor_sets(B, B, slots, cursors)
     steps = bk.run_replay_ours(geo, pool, slots, bk.make_inputs(geo, B), curs, cfg, method)
     return geo, steps, None, bk.bytes_replay(geo, B, rc)
 
@@ -120,17 +120,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated names of CASES")
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--cursors", choices=bk.CURSORS, default="staggered",
+                    help="decode rows' ring cursors: staggered (B / L rows flush every step) or synchronized")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     torch.manual_seed(0)
     out = dict(meta=dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
                          triton=importlib.import_module("triton").__version__, batch=args.batch, window=bk.L,
+                         cursors=args.cursors,
                          command="python bench/profile_kernels.py " + " ".join(sys.argv[1:]),
                          time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), cases={})
     os.makedirs(args.out, exist_ok=True)
     for case in args.cases.split(","):
         try:
-            geo, steps, reset, nb = build(case, args.batch)
+            geo, steps, reset, nb = build(case, args.batch, args.cursors)
             rows = profile_steps(steps, reset)
         except Exception as e:  # noqa: BLE001 - one broken case must not lose the others
             print(f"{case}: FAILED {type(e).__name__}: {e}")

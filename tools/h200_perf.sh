@@ -10,7 +10,8 @@
 #   sweep-others   the same for Mamba-2 Super and KDA
 #   sweep-all      a smaller grid for all three families in one call (G, VER_GDN, VER_M2, G_KDA, VER_KDA; LIM_*)
 #   sweep-decode   decode only, one geometry list (GEOS), configs DEC, methods METHODS (default split), read
-#                  copies RCS (default none,fp8)
+#                  copies RCS (default none,fp8), ring cursors CURSORS (staggered, the default, or synchronized:
+#                  every row flushes in the same step of the window; also for profile)
 #   sweep-verify   verify (T = 4, 8; GDN mma, Mamba-2 fma + mma) and commit-fold blocks (VM, FOLD), no decode
 #   profile        bench/profile_kernels.py: each kernel's GPU time per decode / verify step (CASES)
 #   final          the comparison at B = 256 of all five geometries at the library's defaults (--quick), with
@@ -55,7 +56,7 @@ case $PART in
   sweep-decode)   # decode alone (fp32 checkpoint read and fp8 read copy), no verify or fold
     timeout "$LIMIT" $PY bench/kernels.py --sweep --geos "${GEOS:?set GEOS}" --sweep-decode "$DEC" \
       --sweep-decode-methods "${METHODS:-split}" --sweep-read-copies "${RCS:-none,fp8}" --sweep-verify "" \
-      --out "$OUT" ;;
+      --cursors "${CURSORS:-staggered}" --out "$OUT" ;;
   sweep-verify)   # verify (T = 4, 8) and commit-fold blocks only, no decode: GDN mma, Mamba-2 fma + mma
     VM=${VM:-32x16x2,32x16x4,16x16x2,64x16x4,32x32x2,32x32x4,64x32x4,32x64x4,32x128x4,32x16x4x1,32x16x4x2,32x32x4x2}
     FOLD=${FOLD:-16x32x4,32x32x4,16x64x4,32x64x4,32x128x4,64x128x4,16x128x2,64x128x8,16x32x2,32x32x2}
@@ -67,7 +68,7 @@ case $PART in
     timeout "${LIM_M2F:-60}" $PY bench/kernels.py --sweep --geos mamba2_nemotron3_super --sweep-decode "" \
       --sweep-verify "64x16x4" --sweep-verify-methods fma --out "$OUT/mamba2_fma" ;;
   profile)
-    timeout "$LIMIT" $PY bench/profile_kernels.py --out "$OUT" ${CASES:+--cases "$CASES"} ;;
+    timeout "$LIMIT" $PY bench/profile_kernels.py --out "$OUT" ${CASES:+--cases "$CASES"} --cursors "${CURSORS:-staggered}" ;;
   final)
     timeout "${LIM_FINAL:-215}" $PY bench/kernels.py --quick --batches 256 --out "$OUT" \
       --geos gdn_qwen35_4b,mamba2_nemotron3_super,gdn_qwen35_122b,mamba2_nemotron3_nano4b,kda_32h
