@@ -677,20 +677,52 @@ def flush_list(slots, cursor, window: int):
     return rows, count, min(B, max(1, 2 * triton.cdiv(B, window)))
 
 
+# The flush-launch row programs that work per (value block, head) in steady state (B / window rows flush
+# every step, staggered cursors), by family; each folds ceil(count / that) of the listed rows, one after the
+# other (flush_rows_min), so the flush holds fewer of each SM's registers and the read launch beside it gets
+# more. More flush rows than usual (a burst) put more row programs to work, up to all NFP (from NFP * fmin
+# rows on), so a burst is folded as parallel as when every row program works. A family not listed: every
+# row program works (KDA: its heavier fold measured fastest so). H200, B = 256: GDN fp8 0.1249 -> 0.1216
+# ms, Mamba-2 Super fp32 0.3441 -> 0.3298, Nano fp32 0.3268 -> 0.3153; KDA with 2 working programs 7 %
+# slower (bench/README.md, Kernels, "Eighth run").
+FLUSH_PROGRAMS = {"gdn": 2, "mamba2": 1}
+
+
+def flush_rows_min(family: str, B: int, window: int) -> int:
+    """fmin of flush_rows for a split decode of B rows: the least listed rows one working row program
+    folds, so that the steady-state count (ceil(B / window)) keeps FLUSH_PROGRAMS[family] of them busy."""
+    a = FLUSH_PROGRAMS.get(family)
+    return 1 if a is None else max(1, triton.cdiv(triton.cdiv(B, window), a))
+
+
+@triton.jit
+def flush_rows(nflush_ptr, fmin, NFP: tl.constexpr):
+    """(first, end, step) of the listed flush rows that this row program (program_id(2)) folds:
+    every step-th from the first, step = the number of working row programs, clamp(ceil(count / fmin),
+    1, NFP); a program at or past step folds none."""
+    n = tl.load(nflush_ptr)
+    step = tl.minimum(tl.maximum((n + fmin - 1) // fmin, 1), NFP)
+    p = tl.program_id(2)
+    return p, tl.where(p < step, n, 0), step
+
+
 # Warps of the split decode's prep launch (one small program per row and k-head / group / head): one warp
 # measured faster than 4 (KDA 0.252 -> 0.223 ms fp32, 0.196 -> 0.168 fp8; GDN fp8 0.126 -> 0.124; Mamba-2
 # unchanged; bench/README.md, Kernels, "Seventh run").
 PREP_WARPS = 1
 
 
-def decode_launch_rows(method: str, slots, lv, num_warps: int, flush_warps):
+def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps):
     """The row axis of a decode wrapper's main launch: every batch row for "fused"; for "split" only
-    the flush rows (flush_list), with the flush launch's warps (flush_launch_warps) and the side stream
-    it runs on beside the prep + read launches. Returns (frows, nflush, NFP, grid rows, warps, stream)."""
+    the flush rows (flush_list), with the flush launch's warps (flush_launch_warps), the side stream it
+    runs on beside the prep + read launches, and fmin (flush_rows_min). Returns (frows, nflush, NFP,
+    fmin, grid rows, warps, stream)."""
+    B = int(slots.shape[0])
     if method != "split":
-        return slots, slots, 1, int(slots.shape[0]), num_warps, None
+        return slots, slots, 1, 1, B, num_warps, None
     frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
-    return frows, nflush, nfp, nfp, flush_launch_warps(flush_warps, num_warps), side_stream(lv.device)
+    return (frows, nflush, nfp, flush_rows_min(family, B, lv.window), nfp, flush_launch_warps(flush_warps, num_warps),
+            side_stream(lv.device))
 
 
 _SIDE_STREAMS: dict = {}

@@ -14,9 +14,9 @@ import triton.language as tl
 
 from .common import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages, check_tensor,
                      chunk_k, decode_launch_rows, decode_plan, default_warps, delta_solve, draft_chunk, draft_inv_norms,
-                     draft_structure, fold_layer_head, FOLD_PREC, INTERPRET, join_stream, launch_stages, LayerViews,
-                     load_state_chunk, next_pow2, on_stream, output_tensor, read_copy_scales, ring_program, ring_row,
-                     softplus, store_draft_d, store_state_chunk, verify_plan)
+                     draft_structure, flush_rows, fold_layer_head, FOLD_PREC, INTERPRET, join_stream, launch_stages,
+                     LayerViews, load_state_chunk, next_pow2, on_stream, output_tensor, read_copy_scales, ring_program,
+                     ring_row, softplus, store_draft_d, store_state_chunk, verify_plan)
 from . import common
 
 L2_EPS = 1e-6
@@ -144,10 +144,10 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
             tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit(do_not_specialize=["seed", "layer", "fmin"])
 def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
                        folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                       recg_ptr, scale, seed, layer, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+                       recg_ptr, scale, seed, layer, fmin, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr,
                        EPS: tl.constexpr, INTERPRET: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
@@ -156,7 +156,8 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
     nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every
     NFP-th (the split decode runs the other rows through _kda_decode_prep_kernel + _kda_decode_read_kernel)."""
     if FLUSH_ONLY:
-        for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
+        lo, hi, step = flush_rows(nflush_ptr, fmin, NFP)
+        for j in range(lo, hi, step):
             _kda_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
                             slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                             reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, RC,
@@ -556,11 +557,11 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, Dk)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
-    frows, nflush, nfp, rows, nw, side = decode_launch_rows(method, slots, lv, nw, flush_warps)
+    frows, nflush, nfp, fmin, rows, nw, side = decode_launch_rows("kda", method, slots, lv, nw, flush_warps)
     with on_stream(side):
         grid = (triton.cdiv(Dv, BV), H, rows)
         _kda_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,
-                                 lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer,
+                                 lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale, lv.seed, lv.layer, fmin,
                                  H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV,
                                  BKC=block_k or chunk_k(Dk), BR=BR, RC=lv.rc_mode,
                                  CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, EPS=L2_EPS,

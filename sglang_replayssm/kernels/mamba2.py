@@ -12,10 +12,10 @@ import triton.language as tl
 
 from . import common
 from .common import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages, check_tensor,
-                     chunk_k, decode_launch_rows, decode_plan, default_warps, draft_structure, flush_tiles, fold_store,
-                     fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records, load_state_chunk,
-                     next_pow2, on_stream, output_tensor, record_key_products, replay_pass, ring_program, ring_row,
-                     softplus, stacked_draft_pass, stacked_halves, state_tile, verify_plan)
+                     chunk_k, decode_launch_rows, decode_plan, default_warps, draft_structure, flush_rows, flush_tiles,
+                     fold_store, fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records,
+                     load_state_chunk, next_pow2, on_stream, output_tensor, record_key_products, replay_pass,
+                     ring_program, ring_row, softplus, stacked_draft_pass, stacked_halves, state_tile, verify_plan)
 
 
 @triton.jit
@@ -116,10 +116,10 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
             tl.store(reck_base + cur * (G * K) + o_k, tl.load(B_row + o_k).to(reck_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["seed", "layer"])
+@triton.jit(do_not_specialize=["seed", "layer", "fmin"])
 def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
                       folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                      recg_ptr, seed, layer, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      recg_ptr, seed, layer, fmin, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                       RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_Z: tl.constexpr,
                       INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
@@ -128,7 +128,8 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every
     NFP-th (the split decode runs the other rows through _m2_decode_prep_kernel + _m2_decode_read_kernel)."""
     if FLUSH_ONLY:
-        for j in range(tl.program_id(2), tl.load(nflush_ptr), NFP):
+        lo, hi, step = flush_rows(nflush_ptr, fmin, NFP)
+        for j in range(lo, hi, step):
             _m2_decode_row(tl.load(frows_ptr + j), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                            out_ptr, slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                            reck_ptr, recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED,
@@ -364,12 +365,12 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, N)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
-    frows, nflush, nfp, rows, nw, side = decode_launch_rows(method, slots, lv, nw, flush_warps)
+    frows, nflush, nfp, fmin, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw, flush_warps)
     with on_stream(side):
         grid = (triton.cdiv(P, BV), H, rows)
         _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
                                 lv.cursor, lv.folded, frows, nflush, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
-                                lv.rec_g, lv.seed, lv.layer,
+                                lv.rec_g, lv.seed, lv.layer, fmin,
                                 H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
                                 BKC=block_k or chunk_k(N), BR=BR, RC=lv.rc_mode,
                                 CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,

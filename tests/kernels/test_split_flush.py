@@ -54,6 +54,32 @@ def test_every_row_flushing_at_once(family, read_copy, whole):
     compare_pools(pk, pr, 0, read_copy, "fp32")
 
 
+@pytest.mark.parametrize("fmin,working", [(1, 4), (4, 3), (8, 2), (16, 1)])
+def test_flush_rows_min_splits_the_list_among_the_working_programs(monkeypatch, fmin, working):
+    """fmin (common.flush_rows_min): 12 rows flush at once on 4 row programs (NFP); ceil(12 / fmin) of
+    them work (fmin 4: three, the fourth idle), each folding every working-th listed row. Every row must
+    be folded exactly once (a row folded twice or skipped leaves a wrong checkpoint), then a step with
+    one flush row (a single program works) and the rest reading."""
+    monkeypatch.setattr(common, "flush_rows_min", lambda family, B, window: fmin)
+    g = torch.Generator().manual_seed(11 + fmin)
+    window = 8
+    pk = make_pool("gdn", window=window, num_slots=14, read_copy="fp8", gen=g)
+    slots = torch.randperm(13, generator=g)[:12].add(1).int().to(DEV)
+    pk.cursor[slots.long()] = window - 1
+    rows, count, nfp = common.flush_list(slots, pk.cursor, window)
+    assert int(count) == 12 and nfp == 4 and min(nfp, -(-12 // fmin)) == working
+    pr = clone_pool(pk)
+    for step in range(2):
+        before = snapshot(pk)
+        x, par = _step_inputs("gdn", g, pk, 12)
+        close(kgdn.decode(pk, 0, slots, **x, **par, method="split"), rgdn.decode(pr, 0, slots, **x, **par))
+        compare_pools(pk, pr, 0, "fp8", "fp32")
+        assert_untouched(before, pk, slots.tolist())
+        pk.advance(slots)
+        pr.advance(slots)
+        pk.cursor[slots[0].long()] = pr.cursor[slots[0].long()] = window - 1   # next: row 0 alone flushes
+
+
 @pytest.mark.parametrize("read_copy", ["fp8", "none"])
 def test_value_rows_not_a_multiple_of_the_block(read_copy):
     """Nemotron-Nano's 80 value rows per head in 32-row programs (the tuned split decode: 1-warp read
@@ -89,6 +115,18 @@ def test_flush_list_picks_the_flush_rows_in_order():
     want = [b for b, s in enumerate(slots.tolist()) if cursor[s] + 1 >= 4]
     assert int(count) == len(want) and rows[:len(want)].tolist() == want
     assert nfp == min(23, 2 * -(-23 // 4))
+
+
+def test_flush_rows_min_keeps_the_family_s_working_programs_in_steady_state():
+    """B / window rows flush per step in steady state: fmin = ceil(ceil(B / window) / FLUSH_PROGRAMS[family]),
+    so that count keeps that many row programs working; families not listed get 1 (all work)."""
+    for family, a in common.FLUSH_PROGRAMS.items():
+        for B, window in ((256, 16), (64, 16), (512, 16), (1, 16), (7, 4)):
+            fmin = common.flush_rows_min(family, B, window)
+            n = -(-B // window)
+            assert fmin >= 1 and min(-(-n // fmin), 2 * n) == min(a, n)
+    assert common.flush_rows_min("gdn", 256, 16) == 8 and common.flush_rows_min("mamba2", 256, 16) == 16
+    assert common.flush_rows_min("kda", 256, 16) == 1
 
 
 def test_decode_plan_picks_the_measured_method_and_config():
