@@ -202,6 +202,8 @@ def decode_bench(cfg, model, batch, mode, args, device, timer):
     state_bytes = (rd + wr) / phases
     out = {"ms": ms, "graph": graph is not None, "backend": st.ops.backend, "state_bytes_per_step": state_bytes,
            "state_GBps": state_bytes / (ms * 1e-3) / 1e9, "tokens_per_s": batch / (ms * 1e-3)}
+    if getattr(args, "profile", 0) and timer.cuda:   # where the step's device time goes, kernel by kernel (eager)
+        out["kernels"] = profile_module().profile_steps([step] * 4)[:args.profile]
     st = graph = None   # free the pool and the graph before the next case
     return out
 
@@ -289,6 +291,8 @@ def time_batches(cfg, model, batches, args, device, timer):
             print(f"  B={batch:4d} {mode:12s} {row[mode]['ms']:8.3f} ms/step  "
                   f"{row[mode]['tokens_per_s']:10.0f} tok/s  SSM state {row[mode]['state_GBps']:7.1f} GB/s"
                   f"  ({row[mode]['backend']}{', graph' if row[mode]['graph'] else ''})", flush=True)
+            for kr in row[mode].get("kernels") or []:
+                print(f"      {kr['us_per_step']:9.1f} us  x{kr['launches_per_step']:.0f}  {kr['kernel'][:70]}")
         for mode in args.modes[1:]:
             if mode == "no-ssm":
                 row["ssm_share_conventional"] = 1 - row[mode]["ms"] / row["conventional"]["ms"]
@@ -533,6 +537,8 @@ def main(argv=None) -> int:
                    help="verify kernel variant (kernels.*.verify method; default mma; split: GDN only)")
     p.add_argument("--verify-block-v", type=int, default=None,
                    help="verify kernels' value rows per program (default: kernels.common.verify_plan)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="GPU: also profile each decode mode's step (eager) and keep its N costliest kernels")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
     args = p.parse_args(argv)
