@@ -19,7 +19,7 @@
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
 #   e2e            bench/e2e.py at B = 256 (BATCHES), fused non-SSM kernels on, one model per run (MODELS, both
 #                  by default) at the library's kernel defaults; DECODE_METHOD / VERIFY_METHOD / VERIFY_BLOCK_V
-#                  override them; VERIFY_TOKENS="" times decode only;
+#                  override them; VERIFY_TOKENS="" times decode only; PROFILE=N keeps each decode mode's N costliest kernels;
 #                  writes e2e_<TAG, default b256>_<model>.json
 #   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
 # Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
@@ -80,7 +80,7 @@ case $PART in
     for m in ${MODELS:-qwen3.5-4b nemotron-3-nano-4b}; do
       timeout "${LIM_E2E:-250}" $PY bench/e2e.py --models "$m" --batches ${BATCHES:-256} --fused on \
         ${DECODE_METHOD:+--decode-method "$DECODE_METHOD"} ${VERIFY_METHOD:+--verify-method "$VERIFY_METHOD"} \
-        ${VERIFY_BLOCK_V:+--verify-block-v "$VERIFY_BLOCK_V"} ${VERIFY_TOKENS+--verify-tokens $VERIFY_TOKENS} \
+        ${VERIFY_BLOCK_V:+--verify-block-v "$VERIFY_BLOCK_V"} ${VERIFY_TOKENS+--verify-tokens $VERIFY_TOKENS} ${PROFILE:+--profile "$PROFILE"} \
         --out "$OUT/e2e_${TAG:-b256}_$m.json"
     done ;;
   e2e-stages)
