@@ -27,6 +27,11 @@ import triton
 import triton.language as tl
 
 MAX_CONV_TOKENS = 16
+# conv_update's default launch: 512 channels per program, a warp per 128 of them. H200, bf16, K = 4, one token
+# per row (bench/conv_update.py, CUDA graphs): 19.8 us at B = 256, C = 8192, against 30.6 us with 1024 channels
+# in 4 warps (256 per warp; 1.55x, the same at B = 64 and 512 and for C = 9728); 64 or 128 per warp: 1.42-1.49x.
+CONV_BLOCK_C = 512
+CONV_CHANNELS_PER_WARP = 128
 _ACTS = {"silu": 0, "relu2": 1, "sigmoid": 2}
 
 
@@ -292,11 +297,7 @@ def act_mul(a: torch.Tensor, b: torch.Tensor | None = None, act: str = "silu") -
 def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out0_ptr, out1_ptr, out2_ptr, cin_ptr, C, S1, S2,
                  s_xb, s_xt, s_ss, s_sc, s_wc, s_cs, s_ct,
                  T: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr, VERIFY: tl.constexpr,
-                 BLOCK_C: tl.constexpr, TILE: tl.constexpr = False, KP: tl.constexpr = 1):
-    if TILE:
-        _conv_decode_tile(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out0_ptr, out1_ptr, out2_ptr, C, S1, S2,
-                          s_xb, s_ss, s_sc, s_wc, K, KP, HAS_BIAS, BLOCK_C)
-        return
+                 BLOCK_C: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = ch < C
@@ -340,45 +341,9 @@ def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out0_ptr, out1_pt
             tl.store(sbase + j, v.to(state_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
-def _conv_decode_tile(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out0_ptr, out1_ptr, out2_ptr, C, S1, S2,
-                      s_xb, s_ss, s_sc, s_wc, K: tl.constexpr, KP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
-    """_conv_kernel for one token per row (decode, T = 1) with the state, the weights and the new state as
-    [BLOCK_C, KP] tiles (a channel's K - 1 state columns and K weights are contiguous), each moved in
-    one load or store instead of one strided access per column; the sum is the same, column by column."""
-    b = tl.program_id(0).to(tl.int64)
-    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    m = ch < C
-    chl = ch.to(tl.int64)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    j = tl.arange(0, KP)[None, :]                                  # KP = K rounded up to a power of 2
-    srow = state_ptr + slot * s_ss + chl[:, None] * s_sc          # [BLOCK_C, 1]: the channels' state rows
-    act = x_ptr.dtype.element_ty
-    x = tl.load(x_ptr + b * s_xb + chl, mask=m, other=0.0)
-    old = tl.load(srow + j, mask=m[:, None] & (j < K - 1), other=0.0)
-    # the window [state (K - 1 columns) | x], and the weights
-    xa = tl.where(j == K - 1, x.to(tl.float32)[:, None], old.to(act).to(tl.float32))
-    w = tl.load(w_ptr + chl[:, None] * s_wc + j, mask=m[:, None] & (j < K), other=0.0).to(tl.float32)
-    acc = tl.zeros((BLOCK_C,), tl.float32)
-    for k in tl.static_range(K):   # column by column, in _conv_kernel's order (exact: the other columns add 0)
-        acc += tl.sum(tl.where(j == k, xa * w, 0.0), axis=1)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + ch, mask=m, other=0.0).to(tl.float32)
-    y = (acc * tl.sigmoid(acc)).to(out0_ptr.dtype.element_ty)
-    tl.store(out0_ptr + b * S1 + chl, y, mask=m & (ch < S1))
-    tl.store(out1_ptr + b * (S2 - S1) + (chl - S1), y, mask=m & (ch >= S1) & (ch < S2))
-    tl.store(out2_ptr + b * (C - S2) + (chl - S2), y, mask=m & (ch >= S2))
-    # new state column j = window column j + 1: old columns 1 .. K - 2 (read again, from cache), then x
-    nxt = tl.load(srow + j + 1, mask=m[:, None] & (j < K - 2), other=0.0).to(act)
-    new = tl.where(j == K - 2, x[:, None], nxt)
-    tl.debug_barrier()   # every thread's reads of the old state before any write of it (in place)
-    tl.store(srow + j, new.to(state_ptr.dtype.element_ty), mask=m[:, None] & (j < K - 1))
-
-
 def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 slots: torch.Tensor, conv_in: torch.Tensor | None = None, splits: list | None = None, *,
-                tile: bool | None = None, block_c: int | None = None, num_warps: int | None = None):
+                block_c: int | None = None, num_warps: int | None = None):
     """Depthwise causal conv + SiLU of x [B, T, C] (T = 1..16, a strided view with contiguous channels),
     continuing each row from its conv state `state[slots[b]]` ([S, C, K-1]: one layer of pool.conv), with
     weight [C, K] and bias [C] or None; fp32 math, as model._conv. conv_in None (decode, prefill): the
@@ -387,9 +352,9 @@ def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias
     Returns y [B, T, C] in x's dtype; with splits (up to 3 channel counts summing to C, e.g. the
     x | B | C or q | k | v parts) a tuple of contiguous [B, T, split] tensors instead, so that the SSM
     kernels get contiguous inputs without a copy each. Slots must be distinct (rows sharing a padding
-    slot only garble that slot's state, as the PyTorch scatter does). tile: one token per row (T = 1,
-    conv_in None, K >= 2) through _conv_decode_tile (None: there whenever it applies; the same results
-    bit for bit); block_c (a power of 2 >= 16) and num_warps: the launch's channel block and warps."""
+    slot only garble that slot's state, as the PyTorch scatter does). block_c (a power of 2 >= 16) and
+    num_warps: the launch's channel block and warps (default CONV_BLOCK_C channels, one warp per
+    CONV_CHANNELS_PER_WARP of them)."""
     _need(x.dim() == 3, f"conv_update: x must be [B, T, C], got {tuple(x.shape)}")
     B, T, C = x.shape
     _need(1 <= T <= MAX_CONV_TOKENS, f"conv_update: T={T} tokens per row, the kernel takes 1..{MAX_CONV_TOKENS}")
@@ -417,21 +382,17 @@ def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias
     padded = outs + [outs[-1]] * (3 - len(outs))
     S1 = sizes[0]
     S2 = S1 + (sizes[1] if len(sizes) > 1 else 0)
-    can_tile = T == 1 and conv_in is None and K >= 2
-    _need(tile is None or isinstance(tile, bool), f"conv_update: tile must be None, True or False, got {tile!r}")
-    _need(not tile or can_tile, "conv_update: tile=True needs one token per row (T = 1), no conv_in and K >= 2")
     _need(block_c is None or (isinstance(block_c, int) and block_c >= 16 and block_c & (block_c - 1) == 0),
           f"conv_update: block_c must be None or a power of 2 >= 16, got {block_c!r}")
     _need(num_warps is None or num_warps in (1, 2, 4, 8), f"conv_update: num_warps must be None or 1, 2, 4, 8, got {num_warps!r}")
-    tile = can_tile if tile is None else tile
-    BLOCK_C = block_c or min(_pow2(C, 32), 1024)
-    num_warps = num_warps or max(1, min(4, BLOCK_C // 32))
+    BLOCK_C = block_c or min(_pow2(C, 32), CONV_BLOCK_C)
+    num_warps = num_warps or max(1, min(8, BLOCK_C // CONV_CHANNELS_PER_WARP))
     cin = conv_in if conv_in is not None else x
     if B and C:
         _conv_kernel[(B, triton.cdiv(C, BLOCK_C))](
             x, state, weight, bias if bias is not None else weight, slots, *padded, cin, C, S1, S2,
             x.stride(0), x.stride(1), state.stride(0), state.stride(1), weight.stride(0),
             cin.stride(0), cin.stride(1),
-            T=T, K=K, HAS_BIAS=bias is not None, VERIFY=conv_in is not None, BLOCK_C=BLOCK_C, TILE=tile,
-            KP=triton.next_power_of_2(K), num_warps=num_warps)
+            T=T, K=K, HAS_BIAS=bias is not None, VERIFY=conv_in is not None, BLOCK_C=BLOCK_C,
+            num_warps=num_warps)
     return outs[0] if splits is None else tuple(outs)

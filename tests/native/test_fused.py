@@ -153,14 +153,14 @@ def test_conv_update(B, T, C, K, bias, mode):
     assert first.shape == (B, T, C - 5) and second.shape == (B, T, 5)
 
 
-@pytest.mark.parametrize("C, K, bias, block_c, warps", [(40, 4, True, None, None), (70, 4, False, 16, 1),
-                                                       (33, 3, True, 32, 2), (20, 2, False, None, None),
-                                                       (300, 5, True, 64, 4)])
+@pytest.mark.parametrize("C, K, bias, block_c, warps", [(40, 4, True, 16, 1), (70, 4, False, 32, 1),
+                                                       (33, 3, True, 64, 2), (300, 5, True, 128, 4),
+                                                       (300, 2, False, 512, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_conv_update_decode_tile_is_the_column_path_bit_for_bit(C, K, bias, block_c, warps, dtype):
-    """One token per row: the tiled decode path (the default there) gives the column-by-column path's
-    outputs and new state exactly, for any channel block (the last one partly masked), and matches the
-    PyTorch path; rows of other slots (and the padding slot) are left alone."""
+def test_conv_update_launch_knobs_change_nothing(C, K, bias, block_c, warps, dtype):
+    """block_c / num_warps (bench/conv_update.py's sweep) give the default launch's outputs and new state
+    bit for bit, whether the last channel block is partly masked or the block exceeds C; rows of other
+    slots (and the padding slot 0) are left alone."""
     g = gen(C * 10 + K)
     B, S = 5, 9
     xc = torch.randn(B, 1, C + 3, generator=g)[..., 1:C + 1].to(dtype)
@@ -168,21 +168,20 @@ def test_conv_update_decode_tile_is_the_column_path_bit_for_bit(C, K, bias, bloc
     b = torch.randn(C, generator=g).to(dtype) if bias else None
     state = torch.randn(S, C, K - 1, generator=g).to(dtype)
     slots = torch.randperm(S - 1, generator=g)[:B].add(1).int()
-    runs = {}
-    for tile in (False, True):
+    runs = []
+    for knobs in ({}, dict(block_c=block_c, num_warps=warps)):
         st = state.clone()
-        runs[tile] = (fused.conv_update(xc, st, weight, b, slots, None, [C // 3, C - C // 3], tile=tile,
-                                        block_c=block_c, num_warps=warps), st)
+        runs.append((fused.conv_update(xc, st, weight, b, slots, None, [C // 3, C - C // 3], **knobs), st))
     for i in range(2):
-        torch.testing.assert_close(runs[True][0][i], runs[False][0][i], rtol=0, atol=0)
-    torch.testing.assert_close(runs[True][1], runs[False][1], rtol=0, atol=0)
+        torch.testing.assert_close(runs[1][0][i], runs[0][0][i], rtol=0, atol=0)
+    torch.testing.assert_close(runs[1][1], runs[0][1], rtol=0, atol=0)
     st_ref = state.clone()
     ref = _torch_conv(xc, st_ref, torch.zeros(S, 1, C, dtype=dtype), weight, b, slots, "decode")
-    torch.testing.assert_close(torch.cat(runs[True][0], -1), ref, **(TOL if dtype == torch.float32 else BF16))
-    torch.testing.assert_close(runs[True][1], st_ref, rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat(runs[1][0], -1), ref, **(TOL if dtype == torch.float32 else BF16))
+    torch.testing.assert_close(runs[1][1], st_ref, rtol=0, atol=0)
     untouched = [s for s in range(S) if s not in slots.tolist()]
-    assert torch.equal(runs[True][1][untouched], state[untouched])
-    assert not torch.equal(runs[True][1][slots.long()], state[slots.long()])
+    assert torch.equal(runs[1][1][untouched], state[untouched])
+    assert not torch.equal(runs[1][1][slots.long()], state[slots.long()])
 
 
 def test_conv_update_errors():
@@ -197,8 +196,6 @@ def test_conv_update_errors():
         fused.conv_update(x[:, :2], st, w, None, torch.tensor([1, 2]), torch.zeros(4, 1, 8))
     with pytest.raises(ValueError, match="splits"):
         fused.conv_update(x[:, :2], st, w, None, torch.tensor([1, 2]), None, [4, 3])
-    with pytest.raises(ValueError, match="tile=True needs one token per row"):
-        fused.conv_update(x[:, :2], st, w, None, torch.tensor([1, 2]), tile=True)
     with pytest.raises(ValueError, match="block_c must be"):
         fused.conv_update(x[:, :1], st, w, None, torch.tensor([1, 2]), block_c=24)
     with pytest.raises(ValueError, match="num_warps must be"):
