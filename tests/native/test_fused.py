@@ -288,3 +288,23 @@ def test_engine_fused_equals_torch(family):
         outs[on] = e.generate(["Hello world hello world", "abcdefgabcdefg"], SamplingParams(max_tokens=10))
         assert e.counters["verify_steps"] > 0
     assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_fp32(dtype):
+    """The LM head in fp32: on CPU (and for fp32 inputs) linear(h, w).float() exactly; on CUDA with bf16 the
+    GEMM's fp32 output (torch.mm out_dtype, when this torch has it), within bf16 product rounding of the
+    fp32 matmul, and no worse than the rounded path."""
+    from sglang_replayssm.native.model import linear, logits_fp32
+    g = gen(5)
+    h = torch.randn(3, 2, 64, generator=g).to(dtype)
+    w = torch.randn(300, 64, generator=g).to(dtype)
+    out = logits_fp32(h, w)
+    assert out.dtype == torch.float32 and out.shape == (3, 2, 300)
+    assert torch.equal(out, linear(h, w).float())
+    if torch.cuda.is_available() and dtype == torch.bfloat16:
+        hc, wc = h.cuda(), w.cuda()
+        exact = hc.double() @ wc.double().t()
+        got = logits_fp32(hc, wc)
+        assert got.dtype == torch.float32 and got.shape == (3, 2, 300)
+        assert (got.double() - exact).abs().max() <= (linear(hc, wc).double() - exact).abs().max() + 1e-3
