@@ -674,7 +674,12 @@ def flush_list(slots, cursor, window: int):
     count = torch.empty(1, dtype=torch.int32, device=slots.device)
     _flush_list_kernel[(1,)](slots, cursor, rows, count, B, WINDOW=window, BLOCK=next_pow2(B),
                              num_warps=4 if B <= 1024 else 8)
-    return rows, count, min(B, max(1, 2 * triton.cdiv(B, window)))
+    return rows, count, flush_row_programs(B, window)
+
+
+def flush_row_programs(B: int, window: int) -> int:
+    """NFP of flush_list for B rows."""
+    return min(B, max(1, 2 * triton.cdiv(B, window)))
 
 
 # The flush-launch row programs that work per (value block, head) in steady state (B / window rows flush
@@ -712,17 +717,33 @@ def flush_rows(nflush_ptr, fmin, NFP: tl.constexpr):
 PREP_WARPS = 1
 
 
-def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps):
+def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps, given=None):
     """The row axis of a decode wrapper's main launch: every batch row for "fused"; for "split" only
-    the flush rows (flush_list), with the flush launch's warps (flush_launch_warps), the side stream it
-    runs on beside the prep + read launches, and fmin (flush_rows_min). Returns (frows, nflush, NFP,
-    fmin, grid rows, warps, stream)."""
+    the flush rows (flush_list, or `given`: its (rows, count) computed earlier in the same step), with
+    the flush launch's warps (flush_launch_warps), the side stream it runs on beside the prep + read
+    launches, and fmin (flush_rows_min). Returns (frows, nflush, NFP, fmin, grid rows, warps, stream)."""
     B = int(slots.shape[0])
     if method != "split":
         return slots, slots, 1, 1, B, num_warps, None
-    frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
+    if given is None:
+        frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
+    else:
+        frows, nflush = check_flush_list(given, B, lv.device)
+        nfp = flush_row_programs(B, lv.window)
     return (frows, nflush, nfp, flush_rows_min(family, B, lv.window), nfp, flush_launch_warps(flush_warps, num_warps),
             side_stream(lv.device))
+
+
+def check_flush_list(given, B: int, device):
+    """A decode wrapper's flush_list argument: (rows [B] int32, count [1] int32) on the pool's device,
+    as flush_list returns them for this step's slots and cursors (one list serves every layer of a step:
+    cursors move only between steps)."""
+    check(isinstance(given, (tuple, list)) and len(given) == 2,
+          f"flush_list must be (rows, count) from common.flush_list, got {type(given).__name__}")
+    rows, count = given
+    check_tensor("flush_list rows", rows, shape=(B,), dtype=torch.int32, device=device)
+    check_tensor("flush_list count", count, shape=(1,), dtype=torch.int32, device=device)
+    return rows, count
 
 
 _SIDE_STREAMS: dict = {}

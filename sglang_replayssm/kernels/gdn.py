@@ -462,7 +462,7 @@ def _block_v(Dv, block_v):
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None,
            block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, method=None,
-           flush_warps=None):
+           flush_warps=None, flush_list=None):
     """One GDN decode step of a batch, in place on the pool (record at cursor; flush rows fold).
 
     Same contract as reference.gdn.decode; returns out [B, H, Dv] in v's dtype. Does not move
@@ -473,7 +473,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     decode's flush launch's warps (default >= 4). method: "fused" (one launch for all rows),
     "split" (a flush-row list, the flush rows on a side stream; the other rows through a small
     kernel for the k-head's record products, then the state pass) or None (common.decode_plan: split
-    where it measured faster)."""
+    where it measured faster). flush_list: the split decode's (rows, count) of common.flush_list for
+    these slots and the pool's cursors, computed once per step and shared by its layers (None: computed here)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -500,7 +501,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, Dk)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
-    frows, nflush, nfp, fmin, rows, nw, side = decode_launch_rows("gdn", method, slots, lv, nw, flush_warps)
+    frows, nflush, nfp, fmin, rows, nw, side = decode_launch_rows("gdn", method, slots, lv, nw, flush_warps,
+                                                                  flush_list)
     with on_stream(side):
         grid = (triton.cdiv(Dv, BV), H, rows)
         _gdn_decode_kernel[grid](q, k, v, a, b, A_log, dt_bias, out, slots, lv.cursor, lv.folded, frows, nflush,

@@ -331,7 +331,7 @@ def _block_v(P, block_v):
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
            block_k=None, num_warps=None, stages=None, flush_block_k=None, method=None,
-           flush_warps=None):
+           flush_warps=None, flush_list=None):
     """One Mamba-2 decode step of a batch, in place on the pool (record at cursor; flush rows
     fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype.
     Tuning knobs (defaults: common.decode_plan): stages software-pipelines the state loop
@@ -340,7 +340,8 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     decode's flush launch's warps (default >= 4). method: "fused" (one launch for all rows),
     "split" (a flush-row list, the flush rows on a side stream; the other rows through a small
     kernel for the group's record products, then the state pass) or None (common.decode_plan: split
-    where it measured faster)."""
+    where it measured faster). flush_list: the split decode's (rows, count) of common.flush_list for
+    these slots and the pool's cursors, computed once per step and shared by its layers (None: computed here)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, x, dt, A, B, C, D, dt_bias, z, out=out,
                                    block_v=block_v, num_warps=num_warps)
@@ -365,7 +366,8 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(flush_block_k, N)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
-    frows, nflush, nfp, fmin, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw, flush_warps)
+    frows, nflush, nfp, fmin, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw, flush_warps,
+                                                                  flush_list)
     with on_stream(side):
         grid = (triton.cdiv(P, BV), H, rows)
         _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,

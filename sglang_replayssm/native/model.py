@@ -16,6 +16,7 @@ No host synchronisation inside the forward: lengths come in as host ints.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -278,16 +279,18 @@ class HybridModel:
         if cfg.num_attn_layers:   # per-step attention inputs, shared by all attention layers
             att = self._attention_inputs(pos, T, ctx, max_len)
         x = None
-        for i, kind in enumerate(cfg.blocks):
-            h, x = self._add_norm(h, x, w[f"b{i}.norm"])
-            if kind == "mlp":
-                x = self._mlp(i, x)
-            elif kind == "attention":
-                x = self._attention(i, x, pos, slots, slots32, ctx, max_len, att)
-            elif cfg.family == "mamba2":
-                x = self._mamba2(i, x, slots, slots32, mode, ctx)
-            else:
-                x = self._gdn(i, x, slots, slots32, mode, ctx)
+        scope = getattr(ctx.ops, "forward_scope", None)   # SSMOps: per-step work shared by the SSM layers
+        with scope(mode, slots32) if scope is not None else contextlib.nullcontext():
+            for i, kind in enumerate(cfg.blocks):
+                h, x = self._add_norm(h, x, w[f"b{i}.norm"])
+                if kind == "mlp":
+                    x = self._mlp(i, x)
+                elif kind == "attention":
+                    x = self._attention(i, x, pos, slots, slots32, ctx, max_len, att)
+                elif cfg.family == "mamba2":
+                    x = self._mamba2(i, x, slots, slots32, mode, ctx)
+                else:
+                    x = self._gdn(i, x, slots, slots32, mode, ctx)
         if mode == "prefill":
             h, x = h[:, -1], x[:, -1]
         _, h = self._add_norm(h, x, w["final_norm"])

@@ -9,6 +9,8 @@
 * `decode_options` / `verify_options`: keyword arguments for the Triton decode / verify wrappers
   (block sizes, warps, `stages`, GDN's verify `method`), checked against their signatures; unused
   by the reference path.
+* `forward_scope(mode, slots)`: the model wraps each forward in it; a ReplaySSM decode step on the
+  kernels then builds the split decode's flush-row list once for all SSM layers.
 * `replay_verify=False` (--no-replayssm-verify) with a ReplaySSM pool: verify steps the plain
   recurrence through the drafts keeping one state per draft (the snapshot scheme), and the commit
   writes the accepted state back as a new checkpoint.
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 
@@ -78,10 +81,28 @@ class SSMOps:
         if kern is None:   # the reference takes no tuning options
             self.decode_kw, self.verify_kw = {}, {}
         self._snaps = {}   # snapshot verify: layer -> states [B, T, H, Dv, Dk]
+        # the split decode's flush-row list, once per decode step for every layer (forward_scope)
+        self._flush_list_fn = None
+        if kern is not None and "flush_list" in inspect.signature(kern.decode).parameters:
+            from ..kernels import common
+            self._flush_list_fn = common.flush_list
+        self._flush = None   # (slots, (rows, count)) inside a decode forward_scope
 
     @property
     def snapshot_verify(self) -> bool:
         return not self.replay_verify and not self.conventional
+
+    @contextlib.contextmanager
+    def forward_scope(self, mode: str, slots: torch.Tensor):
+        """Around one model forward: a ReplaySSM decode step on the Triton kernels computes the flush-row
+        list of `slots` once, for all its SSM layers (cursors only move between steps), instead of one
+        list launch per layer; run() passes it on for that same slots tensor, until the scope ends."""
+        if mode == "decode" and self._flush_list_fn is not None and not self.conventional:
+            self._flush = (slots, self._flush_list_fn(slots, self.pool.cursor, self.pool.cfg.window)[:2])
+        try:
+            yield
+        finally:
+            self._flush = None
 
     def _at(self, inputs, t):
         timed = TIMED[self.family]
@@ -105,7 +126,10 @@ class SSMOps:
                 if self.conv_decode_fn is not None:
                     return self.conv_decode_fn(self.pool.ckpt[layer], slots, *step).unsqueeze(1)
                 return self.ref.decode(self.pool, layer, slots, *step).unsqueeze(1)
-            return self.decode_fn(self.pool, layer, slots, *step, **self.decode_kw).unsqueeze(1)
+            kw = self.decode_kw
+            if self._flush is not None and self._flush[0] is slots:
+                kw = dict(kw, flush_list=self._flush[1])
+            return self.decode_fn(self.pool, layer, slots, *step, **kw).unsqueeze(1)
         if self.snapshot_verify:
             state = self.pool.ckpt[layer, slots].float()     # cursors are 0: see begin_verify
             outs, states = [], []

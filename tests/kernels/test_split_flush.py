@@ -157,3 +157,28 @@ def test_decode_plan_picks_the_measured_method_and_config():
     assert common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, "split", mine) == ("split", mine)
     with pytest.raises(ValueError, match="method must be None, 'fused' or 'split', got 'auto'"):
         common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, "auto", none)
+
+
+def test_a_flush_list_built_once_serves_every_layer_of_a_step():
+    """decode(..., flush_list=common.flush_list(...)[:2]) built once for a step and passed to two layers
+    gives what each layer's own list gives; a list of the wrong shape or dtype is refused by name."""
+    g = torch.Generator().manual_seed(13)
+    window = 4
+    pk = make_pool("gdn", window=window, num_slots=7, read_copy="fp8", num_layers=2, gen=g)
+    pr = clone_pool(pk)
+    slots = torch.tensor([4, 1, 6, 3, 5], dtype=torch.int32, device=DEV)
+    for _ in range(window + 1):
+        given = common.flush_list(slots, pk.cursor, window)[:2]
+        for layer in range(2):
+            x, par = _step_inputs("gdn", g, pk, 5)
+            close(kgdn.decode(pk, layer, slots, **x, **par, method="split", flush_list=given),
+                  kgdn.decode(pr, layer, slots, **x, **par, method="split"))
+            compare_pools(pk, pr, layer, "fp8", "fp32")
+        pk.advance(slots)
+        pr.advance(slots)
+    x, par = _step_inputs("gdn", g, pk, 5)
+    rows, count = common.flush_list(slots, pk.cursor, window)[:2]
+    with pytest.raises(ValueError, match="flush_list rows must have shape"):
+        kgdn.decode(pk, 0, slots, **x, **par, method="split", flush_list=(rows[:3], count))
+    with pytest.raises(ValueError, match="flush_list count must have dtype"):
+        kgdn.decode(pk, 0, slots, **x, **par, method="split", flush_list=(rows, count.long()))
