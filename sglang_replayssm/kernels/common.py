@@ -667,8 +667,9 @@ def _flush_list_kernel(slots_ptr, cursor_ptr, frows_ptr, nflush_ptr, B, WINDOW: 
 def flush_list(slots, cursor, window: int):
     """The split decode's flush-row list, built on the device (no host sync): (rows [B] int32, count
     [1] int32, NFP). NFP, the flush launch's row programs, is twice the rows that flush per step in
-    steady state (B / window) so a step with more flush rows than usual still runs in one wave; each
-    program takes every NFP-th listed row, so any count is handled (all B rows at once: B / NFP rounds)."""
+    steady state (B / window) so a step with more flush rows than usual can still fold them in one wave;
+    flush_rows decides how many of them work and which rows each folds, so any count is handled (all B
+    rows at once: B / NFP rounds)."""
     B = int(slots.shape[0])
     rows = torch.empty(B, dtype=torch.int32, device=slots.device)
     count = torch.empty(1, dtype=torch.int32, device=slots.device)

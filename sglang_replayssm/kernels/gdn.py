@@ -132,8 +132,9 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        EPS: tl.constexpr, INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0,
                        NS: tl.constexpr = None, NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) taking every
-    NFP-th (the split decode runs the other rows through _gdn_decode_prep_kernel + _gdn_decode_read_kernel)."""
+    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) folding those
+    common.flush_rows gives it (the split decode runs the other rows through _gdn_decode_prep_kernel +
+    _gdn_decode_read_kernel)."""
     if FLUSH_ONLY:
         lo, hi, step = flush_rows(nflush_ptr, fmin, NFP)
         for j in range(lo, hi, step):

@@ -384,7 +384,8 @@ def conv_update(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias
     S2 = S1 + (sizes[1] if len(sizes) > 1 else 0)
     _need(block_c is None or (isinstance(block_c, int) and block_c >= 16 and block_c & (block_c - 1) == 0),
           f"conv_update: block_c must be None or a power of 2 >= 16, got {block_c!r}")
-    _need(num_warps is None or num_warps in (1, 2, 4, 8), f"conv_update: num_warps must be None or 1, 2, 4, 8, got {num_warps!r}")
+    _need(num_warps is None or num_warps in (1, 2, 4, 8),
+          f"conv_update: num_warps must be None or 1, 2, 4, 8, got {num_warps!r}")
     BLOCK_C = block_c or min(_pow2(C, 32), CONV_BLOCK_C)
     num_warps = num_warps or max(1, min(8, BLOCK_C // CONV_CHANNELS_PER_WARP))
     cin = conv_in if conv_in is not None else x
