@@ -97,7 +97,7 @@ class SSMOps:
         """Around one model forward: a ReplaySSM decode step on the Triton kernels computes the flush-row
         list of `slots` once, for all its SSM layers (cursors only move between steps), instead of one
         list launch per layer; run() passes it on for that same slots tensor, until the scope ends."""
-        if mode == "decode" and self._flush_list_fn is not None and not self.conventional:
+        if mode == "decode" and self._flush_list_fn is not None and not self.conventional and slots.numel():
             self._flush = (slots, self._flush_list_fn(slots, self.pool.cursor, self.pool.cfg.window)[:2])
         try:
             yield
