@@ -302,12 +302,15 @@ def native_cases(batch, quick=False):
         yield name, "conv_update verify T5", lambda C=C, state=state, cin=cin, w=w, bias=bias, sp=sp: \
             fused.conv_update(z(B, 5, C), state, w, bias, slots, cin, sp)
     for D, G in ((128, 4),) if quick else ((128, 4), (256, 4)):
-        Hkv, L = 8, 64
+        Hkv, L = 8, 128
         q = torch.zeros(batch, Hkv, G, D, dtype=torch.bfloat16)
         kc = torch.zeros(batch + 1, L, Hkv, D, dtype=torch.bfloat16)
         qpos = torch.zeros(batch, G, dtype=torch.int32)
         yield "attention", f"decode D{D} G{G}", lambda q=q, kc=kc, qpos=qpos: \
             cache_attention(q, kc, kc, slots, qpos, L, D ** -0.5)
+        # the split-KV path (two chunks of L / 2 keys, then the merge launch)
+        yield "attention", f"decode split D{D} G{G}", lambda q=q, kc=kc, qpos=qpos: \
+            cache_attention(q, kc, kc, slots, qpos, L, D ** -0.5, num_splits=2)
 
 
 def main(argv=None) -> int:

@@ -89,7 +89,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, qpos_ptr, out_ptr, m_ptr, l_ptr
 
 
 @triton.jit
-def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, HKV: tl.constexpr, NS: tl.constexpr, R: tl.constexpr,
+def _combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, NS, HKV: tl.constexpr, R: tl.constexpr,
                     D: tl.constexpr, BS: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     """Grid (B, Hkv): out[b, h, r] = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, M = max_s m_s."""
     i_bh = (tl.program_id(0) * HKV + tl.program_id(1)).to(tl.int64)
@@ -188,6 +188,8 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                BR=_pow2(R), BD=BD, BL=BL, PREC=_prec(q.dtype), SPLIT=False, num_warps=4)
         return out
     m, l, acc = _split_partials(q, k_cache, v_cache, slots, qpos, length, scale, chunk, ns)
-    _combine_kernel[(B, Hkv)](m, l, acc, out, HKV=Hkv, NS=ns, R=R, D=D, BS=_pow2(ns, 2), BR=_pow2(R), BD=BD,
-                              num_warps=4)
+    # the split count is a runtime argument (BS covers any count up to MAX_SPLITS), so a serving loop whose
+    # key count grows does not compile a merge per count
+    _combine_kernel[(B, Hkv)](m, l, acc, out, ns, HKV=Hkv, R=R, D=D, BS=_pow2(max(ns, MAX_SPLITS), 2),
+                              BR=_pow2(R), BD=BD, num_warps=4)
     return out

@@ -17,7 +17,7 @@ EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kern
             "_gdn_decode_prep_kernel", "_gdn_decode_read_kernel", "_m2_verify_kernel", "_m2_conv_kernel", "_fold_kernel",
             "_gdn_decode_kernel", "_gdn_verify_kernel", "_gdn_verify_mma_kernel", "_gdn_conv_kernel",
             "_gdn_draft_gram_kernel", "_gdn_verify_split_kernel",
-            "_kda_decode_kernel", "_kda_decode_prep_kernel", "_kda_decode_read_kernel", "_kda_verify_kernel", "_kda_verify_mma_kernel", "_kda_conv_kernel", "_kda_fold_kernel", "_attn_kernel",
+            "_kda_decode_kernel", "_kda_decode_prep_kernel", "_kda_decode_read_kernel", "_kda_verify_kernel", "_kda_verify_mma_kernel", "_kda_conv_kernel", "_kda_fold_kernel", "_attn_kernel", "_combine_kernel",
             # the native engine's fused non-SSM kernels
             "_add_rms_norm_kernel", "_group_norm_kernel", "_act_mul_kernel", "_norm_rope_kernel", "_conv_kernel",
             # the pool's conv-state roll at commit (kernels/conv_state.py)
