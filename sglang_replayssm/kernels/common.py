@@ -720,7 +720,8 @@ PREP_WARPS = 1
 
 def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps, given=None):
     """The row axis of a decode wrapper's main launch: every batch row for "fused"; for "split" only
-    the flush rows (flush_list, or `given`: its (rows, count) computed earlier in the same step), with
+    the flush rows (flush_list, or `given`: its (rows, count) computed earlier in the same step, or a
+    function returning them, called only here), with
     the flush launch's warps (flush_launch_warps), the side stream it runs on beside the prep + read
     launches, and fmin (flush_rows_min). Returns (frows, nflush, NFP, fmin, grid rows, warps, stream)."""
     B = int(slots.shape[0])
@@ -729,7 +730,7 @@ def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flus
     if given is None:
         frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
     else:
-        frows, nflush = check_flush_list(given, B, lv.device)
+        frows, nflush = check_flush_list(given() if callable(given) else given, B, lv.device)
         nfp = flush_row_programs(B, lv.window)
     return (frows, nflush, nfp, flush_rows_min(family, B, lv.window), nfp, flush_launch_warps(flush_warps, num_warps),
             side_stream(lv.device))

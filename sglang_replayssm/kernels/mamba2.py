@@ -342,7 +342,8 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     "split" (a flush-row list, the flush rows on a side stream; the other rows through a small
     kernel for the group's record products, then the state pass) or None (common.decode_plan: split
     where it measured faster). flush_list: the split decode's (rows, count) of common.flush_list for
-    these slots and the pool's cursors, computed once per step and shared by its layers (None: computed here)."""
+    these slots and the pool's cursors, computed once per step and shared by its layers, or a function
+    returning them (called only by a split decode; None: computed here)."""
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, x, dt, A, B, C, D, dt_bias, z, out=out,
                                    block_v=block_v, num_warps=num_warps)

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 
@@ -86,7 +87,7 @@ class SSMOps:
         if kern is not None and "flush_list" in inspect.signature(kern.decode).parameters:
             from ..kernels import common
             self._flush_list_fn = common.flush_list
-        self._flush = None   # (slots, (rows, count)) inside a decode forward_scope
+        self._flush = None   # (slots, function returning (rows, count)) inside a decode forward_scope
 
     @property
     def snapshot_verify(self) -> bool:
@@ -94,11 +95,14 @@ class SSMOps:
 
     @contextlib.contextmanager
     def forward_scope(self, mode: str, slots: torch.Tensor):
-        """Around one model forward: a ReplaySSM decode step on the Triton kernels computes the flush-row
-        list of `slots` once, for all its SSM layers (cursors only move between steps), instead of one
-        list launch per layer; run() passes it on for that same slots tensor, until the scope ends."""
+        """Around one model forward: a ReplaySSM decode step on the Triton kernels builds the flush-row
+        list of `slots` at most once, for all its SSM layers (cursors only move between steps), instead of
+        one list launch per layer; run() hands the kernels a function that builds it on the first split
+        decode that asks (a fused decode, at small batches, never does), for that same slots tensor, until
+        the scope ends."""
         if mode == "decode" and self._flush_list_fn is not None and not self.conventional and slots.numel():
-            self._flush = (slots, self._flush_list_fn(slots, self.pool.cursor, self.pool.cfg.window)[:2])
+            build = functools.cache(lambda: self._flush_list_fn(slots, self.pool.cursor, self.pool.cfg.window)[:2])
+            self._flush = (slots, build)
         try:
             yield
         finally:

@@ -70,11 +70,16 @@ def test_a_decode_step_builds_its_flush_list_once_for_all_layers(family):
     """Inside SSMOps.forward_scope (model.forward wraps every forward in it) a ReplaySSM decode step on the
     kernels builds the split decode's flush-row list once and every SSM layer's split decode takes it: the
     same tokens as the reference engine over several windows (rows flushing at different steps), one list
-    per decode forward, handed to each of its SSM layers."""
+    per decode forward, handed to each of its SSM layers. With the fused decode (the plan at small batches)
+    no list is built at all."""
     outs, calls, handed = {}, [], []
-    for kernels in ("reference", "triton"):
-        e = Engine(EngineArgs(model_path=f"embedded:{family}", max_running_requests=3, kernels=kernels,
+    for kernels in ("reference", "triton", "fused"):
+        e = Engine(EngineArgs(model_path=f"embedded:{family}", max_running_requests=3,
+                              kernels="reference" if kernels == "reference" else "triton",
                               replayssm=ReplaySSMOptions(window=3)))
+        if kernels == "fused":
+            build = e.ops._flush_list_fn
+            e.ops._flush_list_fn = lambda *a: pytest.fail("a fused decode step built a flush list") or build(*a)
         if kernels == "triton":
             assert e.ops._flush_list_fn is not None
             e.ops.decode_kw = {"method": "split"}
@@ -82,6 +87,6 @@ def test_a_decode_step_builds_its_flush_list_once_for_all_layers(family):
             e.ops._flush_list_fn = lambda *a: calls.append(1) or build(*a)
             e.ops.decode_fn = lambda *a, **kw: handed.append(kw.get("flush_list")) or decode(*a, **kw)
         outs[kernels] = e.generate(PROMPTS + ["xyz"], SamplingParams(max_tokens=9))
-    assert outs["triton"] == outs["reference"]
+    assert outs["triton"] == outs["reference"] == outs["fused"]
     assert len(calls) >= 8 and len(handed) == len(calls) * e.cfg.num_ssm_layers
-    assert all(h is not None and int(h[1]) <= 3 for h in handed)
+    assert all(h is not None and int(h()[1]) <= 3 for h in handed)
