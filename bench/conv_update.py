@@ -25,8 +25,8 @@ from sglang_replayssm.native import fused  # noqa: E402
 
 # (name, conv channels, split into the SSM kernels' inputs): Qwen3.5-4B q | k | v, Nemotron-Nano-4B x | B | C
 WIDTHS = [("qwen3.5-4b", [2048, 2048, 4096]), ("nemotron-3-nano-4b", [7680, 1024, 1024])]
-# (block_c, warps); None: the wrapper's default (the first: the baseline of the ratios)
-VARIANTS = [(None, None), (1024, 4), (1024, 8), (512, 4), (256, 2), (256, 1), (128, 1), (64, 1)]
+# (block_c, warps); None: the wrapper's default, 512 in 4 warps (the first: the baseline of the ratios)
+VARIANTS = [(None, None), (1024, 4), (1024, 8), (256, 2), (256, 1), (128, 1), (64, 1)]
 
 
 def timed(fn, iters):
