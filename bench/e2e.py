@@ -265,9 +265,17 @@ def verify_bench(cfg, model, batch, T, args, device, timer):
             st.ops.begin_verify(st.slot_list, T)
             commit()
         commit_kernels = profile_module().profile_steps([begin_commit])[:6]
+    out = {"T": T, "verify_ms": fwd_ms, "commit_ms": commit_ms, "graph": graphed, "commit_kernels": commit_kernels,
+           "tokens_per_s_all_accepted": batch * T / ((fwd_ms + commit_ms) * 1e-3)}
+    if getattr(args, "profile", 0) and timer.cuda:   # the whole verify step (forward + commit), kernel by kernel
+
+        def verify_step():
+            st.ops.begin_verify(st.slot_list, T)
+            forward()
+            commit()
+        out["kernels"] = profile_module().profile_steps([verify_step] * 4)[:args.profile]
     st = graph = None   # free the pool and the graph before the next case
-    return {"T": T, "verify_ms": fwd_ms, "commit_ms": commit_ms, "graph": graphed, "commit_kernels": commit_kernels,
-            "tokens_per_s_all_accepted": batch * T / ((fwd_ms + commit_ms) * 1e-3)}
+    return out
 
 
 def profile_module():
@@ -320,6 +328,8 @@ def time_batches(cfg, model, batches, args, device, timer):
                   f"{v['tokens_per_s_all_accepted']:.0f} tok/s if all accepted", flush=True)
             for kr in v.get("commit_kernels") or []:
                 print(f"      commit: {kr['us_per_step']:9.1f} us  x{kr['launches_per_step']:.0f}  {kr['kernel'][:70]}")
+            for kr in v.get("kernels") or []:
+                print(f"      verify step: {kr['us_per_step']:9.1f} us  x{kr['launches_per_step']:.0f}  {kr['kernel'][:70]}")
 
 
 def run(args) -> dict:
@@ -538,7 +548,8 @@ def main(argv=None) -> int:
     p.add_argument("--verify-block-v", type=int, default=None,
                    help="verify kernels' value rows per program (default: kernels.common.verify_plan)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="GPU: also profile each decode mode's step (eager) and keep its N costliest kernels")
+                   help="GPU: also profile each decode mode's step and each verify step (forward + commit; eager) and keep "
+                        "its N costliest kernels")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
     args = p.parse_args(argv)

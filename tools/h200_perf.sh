@@ -19,7 +19,8 @@
 #   kernels        the comparison with SGLang's kernels at B = 256 (decode, verify T = 1..8 incl. mma/split)
 #   e2e            bench/e2e.py at B = 256 (BATCHES), fused non-SSM kernels on, one model per run (MODELS, both
 #                  by default) at the library's kernel defaults; DECODE_METHOD / VERIFY_METHOD / VERIFY_BLOCK_V
-#                  override them; VERIFY_TOKENS="" times decode only; PROFILE=N keeps each decode mode's N costliest kernels;
+#                  override them; VERIFY_TOKENS="" times decode only; PROFILE=N keeps each decode mode's and verify step's N
+#                  costliest kernels;
 #                  writes e2e_<TAG, default b256>_<model>.json
 #   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
 # Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.

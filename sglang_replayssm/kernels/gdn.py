@@ -572,7 +572,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
                                      lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,
                                      H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=max(8, next_pow2(T)), BV=BV,
                                      BKC=BKC, BR=BR, RC=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS,
-                                     PREC="ieee" if INTERPRET else "tf32x3", num_warps=num_warps, **nst)
+                                     PREC=common.DOT_PREC, num_warps=num_warps, **nst)
         return out
     _gdn_verify_kernel[grid](q, k, v, a, b, A_log, dt_bias,
                              parents if parents is not None else slots, out, slots, lv.cursor,

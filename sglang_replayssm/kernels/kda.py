@@ -617,7 +617,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     grid = (triton.cdiv(Dv, BV), H, B)
     kern, extra = _kda_verify_kernel, {}
     if method == "mma":  # tensor-core variant (3xTF32 on the GPU); NX: the stacked q/k operand's rows, >= 16
-        kern, extra = _kda_verify_mma_kernel, dict(PREC="ieee" if INTERPRET else "tf32x3", NX=max(16, 2 * next_pow2(T)),
+        kern, extra = _kda_verify_mma_kernel, dict(PREC=common.DOT_PREC, NX=max(16, 2 * next_pow2(T)),
                                                    **nst)
     kern[grid](q, k, v, a, b, A_log, dt_bias, parents if parents is not None else slots, out,
                slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g, scale,

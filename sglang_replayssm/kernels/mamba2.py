@@ -424,7 +424,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     kern, BT, extra = _m2_verify_kernel, next_pow2(T), {}
     if method == "mma":
         kern, BT = _m2_verify_mma_kernel, max(8, next_pow2(T))
-        extra = dict(PREC="ieee" if INTERPRET else "tf32x3", **launch_stages(stages))
+        extra = dict(PREC=common.DOT_PREC, **launch_stages(stages))
     kern[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, parents if parents is not None else slots, out,
                slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
                H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=BT, BV=BV,
