@@ -3,7 +3,6 @@ the work they are named for, or the timings they report say nothing. Run here on
 interpreter with small shapes: the state products against torch, the read sums, the library's verify, the
 other parts at least launch; and the plot is drawn from a results JSON."""
 import importlib.util
-import json
 from pathlib import Path
 
 import torch
@@ -53,7 +52,5 @@ def test_the_partial_launches_compute_what_they_are_named_for(tmp_path):
            "rows": [dict(T=t, config=c, part=p, us=1.0 + i, state_GBps=1.0)
                     for i, (t, c, p) in enumerate((t, c, p) for t in (8, 4) for c in ("64x16x1", "64x32x1")
                                                   for p in vp.PARTS)]}
-    path = tmp_path / "verify_parts.json"
-    path.write_text(json.dumps(res))
     vp.plot(res, str(tmp_path / "verify_parts.png"))
     assert (tmp_path / "verify_parts.png").stat().st_size > 10_000
