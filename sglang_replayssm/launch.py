@@ -2,7 +2,8 @@
 
     --engine native   the compact engine of sglang_replayssm.native (CPU or GPU); with no --model-path
                       it serves a small built-in model (byte-level tokenizer) within seconds
-    --engine sglang   SGLang's server with the ReplaySSM plugin (needs sglang and a GPU)
+    --engine sglang   SGLang's server with the ReplaySSM plugin (needs sglang; a GPU, or --device cpu
+                      for the CPU harness: tiny models, slow, defaults of sglang_replayssm.cpu_harness)
     --engine auto     sglang when it is importable and CUDA is available, else native (default)
     --replicas N      N engine replicas on Ray Serve behind a cache- and load-aware router
                       (--ray-address joins a cluster; every other flag goes to the replicas).
@@ -151,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         common.engine, common.engine_argv = engine, rest
         return scheduler.launch_replicas(common) or 0
     if engine == "sglang":
+        from . import cpu_harness
+
+        if cpu_harness.wants_cpu(rest):   # a machine without a GPU: the CPU harness (tiny models, slow)
+            cpu_harness.activate()
+            rest = cpu_harness.cpu_server_args(rest)
         from . import sglang_plugin
 
         sglang_plugin.launch_server(rest + ["--host", common.host, "--port", str(common.port)])

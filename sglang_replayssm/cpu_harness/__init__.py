@@ -1,0 +1,89 @@
+"""CPU harness: the real SGLang server (with or without our plugin) on a machine with no GPU.
+
+A development and test harness, not a way to serve real models: tiny checkpoints, slow. It is what
+lets CI start ``sglang serve`` with the ReplaySSM plugin on every change. Switched on only by
+``python -m sglang_replayssm.launch --engine sglang --device cpu``; with a GPU nothing here runs.
+
+``activate()`` (in the launching process, before SGLang is imported):
+
+* ``SGLANG_USE_CPU_ENGINE=1`` (SGLang's CPU platform; ``--device cpu`` alone still takes CUDA paths),
+  ``TRITON_INTERPRET=1`` (SGLang launches a few Triton kernels on CPU tensors);
+* puts ``site/`` first on ``PYTHONPATH``: its ``sitecustomize`` installs ``bridge.install()`` in every
+  process SGLang spawns (schedulers, detokenizer), before they import SGLang;
+* installs the bridge in this process too (``bridge.py``: the ``sgl_kernel`` stand-in, ``torch.cpu`` as
+  the device module, the ``*_cpu`` ops of ``cpu_ops.py``, the interpreter's autotuner).
+
+``cpu_server_args(argv)`` adds the flags the CPU engine needs unless the user gave them (an explicit
+flag always wins): see ``CPU_DEFAULTS``. ``tiny_checkpoints.py`` writes the models it serves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SITE_DIR = Path(__file__).resolve().parent / "site"
+
+# flag -> value (None: a switch). Chosen for a 2-core, 24 GB machine serving tiny models.
+CPU_DEFAULTS: dict[str, str | None] = {
+    "--attention-backend": "torch_native",
+    "--sampling-backend": "pytorch",
+    "--disable-cuda-graph": None,
+    "--mamba-radix-cache-strategy": "no_buffer",
+    "--disable-overlap-schedule": None,
+    "--mem-fraction-static": "0.3",
+    "--max-running-requests": "8",
+    "--max-total-tokens": "8192",
+    "--max-mamba-cache-size": "24",
+    "--chunked-prefill-size": "1024",
+    # bf16 Triton kernels are wrong under Triton's interpreter, and the Mamba-2 conv and speculative
+    # decoding run Triton kernels on CPU tensors: fp32 everywhere (tiny models: it costs nothing).
+    "--dtype": "float32",
+}
+# speculative decoding on CPU: the torch_native backend has no target-verify path, Triton's has
+SPECULATIVE_ATTENTION_BACKEND = "triton"
+
+
+def _given(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def cpu_server_args(argv: list[str]) -> list[str]:
+    """``argv`` plus every CPU default it does not set itself."""
+    out = list(argv)
+    speculative = _given(argv, "--speculative-algorithm")
+    for flag, value in CPU_DEFAULTS.items():
+        if _given(argv, flag):
+            continue
+        if flag == "--attention-backend" and speculative:
+            value = SPECULATIVE_ATTENTION_BACKEND
+        out += [flag] if value is None else [flag, value]
+    return out
+
+
+def harness_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) with the harness's variables; what spawned processes need."""
+    env = dict(os.environ if env is None else env)
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env["TRITON_INTERPRET"] = "1"
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
+    return env
+
+
+def activate() -> None:
+    """Switch this process (and every process it starts from now on) to the CPU harness."""
+    os.environ.update(harness_env())
+    from .bridge import install
+
+    install()
+
+
+def wants_cpu(argv: list[str]) -> bool:
+    """True when ``argv`` asks SGLang for ``--device cpu``."""
+    for i, a in enumerate(argv):
+        if a == "--device" and i + 1 < len(argv):
+            return argv[i + 1] == "cpu"
+        if a.startswith("--device="):
+            return a.split("=", 1)[1] == "cpu"
+    return False

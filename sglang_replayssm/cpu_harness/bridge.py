@@ -1,0 +1,210 @@
+"""The CPU bridge: what stock SGLang 0.5.23 from PyPI lacks to run its CPU engine on a machine with no GPU.
+
+``install()`` is idempotent and does, in this process:
+
+1. ``sgl_kernel`` stand-in: PyPI's ``sglang-kernel`` is a CUDA build whose shared objects link
+   ``libcuda.so.1``, so ``import sgl_kernel`` fails without a driver. The stand-in module keeps the
+   wheel's pure-Python submodules importable (its ``__path__`` is the wheel's folder) and answers every
+   other name with a function that raises a clear error when called (no compiler, nothing written).
+2. ``torch.get_device_module()`` answers ``torch.cpu`` (PyPI's torch is a CUDA build, so it would
+   answer ``torch.cuda``), and ``torch.cpu.device`` exists (a no-op context, as ``torch.cuda.device``).
+3. PyTorch versions of the ``torch.ops.sgl_kernel.*_cpu`` ops SGLang's CPU engine calls, which only
+   SGLang's unpublished CPU kernel build has (``cpu_ops.py``).
+4. Triton's autotuner takes its first config under the interpreter (``TRITON_INTERPRET=1``, which the
+   harness sets: SGLang launches a few Triton kernels on CPU tensors).
+5. Two SGLang modules are completed right after they are imported (``_AFTER_IMPORT``):
+   ``layers/attention/mamba/mamba.py`` binds its causal-conv functions only on CUDA/NPU/XPU, so on CPU
+   they are bound to SGLang's own Triton versions (as its XPU branch does); the GDN backend's CPU conv
+   update has no per-draft conv window, so a target-verify call (``intermediate_conv_window=``) goes to
+   SGLang's Triton conv update instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+import types
+
+_installed = False
+
+# sgl_kernel's pure-Python submodules whose functions SGLang imports by name from the package root
+_SGL_SUBMODULES = ("mamba", "elementwise", "sampling", "kvcacheio", "memory", "moe", "gemm", "attention",
+                   "speculative", "top_k", "allreduce")
+
+
+class CPUHarnessMissingKernel(NotImplementedError):
+    pass
+
+
+def _missing(name: str):
+    def fn(*args, **kwargs):
+        raise CPUHarnessMissingKernel(
+            f"sgl_kernel.{name} has no CPU implementation in the sglang-replayssm CPU harness "
+            "(a CUDA kernel of sglang-kernel; this code path needs a GPU)")
+    fn.__name__ = name
+    fn.__qualname__ = name
+    return fn
+
+
+def _install_sgl_kernel_stand_in() -> None:
+    if "sgl_kernel" in sys.modules:
+        return
+    spec = importlib.util.find_spec("sgl_kernel")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    mod = types.ModuleType("sgl_kernel")
+    mod.__path__ = list(spec.submodule_search_locations)
+    mod.__file__ = spec.origin
+    mod.__package__ = "sgl_kernel"
+    mod.__spec__ = importlib.util.spec_from_loader("sgl_kernel", loader=None, is_package=True)
+    mod.__spec__.submodule_search_locations = mod.__path__
+    mod.__version__ = "0.0.0+cpu-harness"
+    mod.__sglang_replayssm_cpu_harness__ = True
+
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for sub in _SGL_SUBMODULES:
+            try:
+                m = importlib.import_module(f"sgl_kernel.{sub}")
+            except Exception:
+                continue
+            if hasattr(m, name):
+                value = getattr(m, name)
+                setattr(mod, name, value)
+                return value
+        value = _missing(name)
+        setattr(mod, name, value)
+        return value
+
+    mod.__getattr__ = __getattr__
+    sys.modules["sgl_kernel"] = mod
+
+
+class _NullDevice(contextlib.nullcontext):
+    def __init__(self, device=None):
+        super().__init__()
+
+
+def _patch_torch_device_module() -> None:
+    import torch
+
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = _NullDevice
+    original = torch.get_device_module
+    if getattr(original, "_cpu_harness", False):
+        return
+
+    def get_device_module(device=None):
+        if device is None:
+            return torch.cpu
+        return original(device)
+
+    get_device_module._cpu_harness = True
+    torch.get_device_module = get_device_module
+
+
+def _patch_triton_autotune() -> None:
+    """Under the interpreter, autotuning would time every config on the CPU: take the first."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime import autotuner
+    except Exception:
+        return
+    if getattr(autotuner.Autotuner, "_cpu_harness", False):
+        return
+    original_init = autotuner.Autotuner.__init__
+
+    def __init__(self, fn, arg_names, configs, *args, **kwargs):
+        original_init(self, fn, arg_names, configs[:1], *args, **kwargs)
+
+    autotuner.Autotuner.__init__ = __init__
+    autotuner.Autotuner._cpu_harness = True
+
+
+def _bind_mamba_conv(mod) -> None:
+    from sglang.kernels.ops.mamba import causal_conv1d_triton as triton_conv
+
+    for name, fn in (("causal_conv1d_fn", triton_conv.causal_conv1d_fn),
+                     ("causal_conv1d_fn_triton", triton_conv.causal_conv1d_fn),
+                     ("causal_conv1d_update", triton_conv.causal_conv1d_update),
+                     ("causal_conv1d_update_triton", triton_conv.causal_conv1d_update)):
+        if not hasattr(mod, name):
+            setattr(mod, name, fn)
+
+
+def _route_gdn_verify_conv(mod) -> None:
+    cpu_update = getattr(mod, "causal_conv1d_update", None)
+    if cpu_update is None or getattr(cpu_update, "_cpu_harness", False):
+        return
+
+    def causal_conv1d_update(x, conv_states, weight, bias, activation, conv_state_indices=None, **verify_kwargs):
+        if verify_kwargs:   # target verify: per-draft conv windows, which only the Triton kernel keeps
+            from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update as triton_update
+
+            return triton_update(x, conv_states, weight, bias, activation,
+                                 conv_state_indices=conv_state_indices, **verify_kwargs)
+        return cpu_update(x, conv_states, weight, bias, activation, conv_state_indices)
+
+    causal_conv1d_update._cpu_harness = True
+    mod.causal_conv1d_update = causal_conv1d_update
+
+
+_AFTER_IMPORT = {
+    "sglang.srt.layers.attention.mamba.mamba": _bind_mamba_conv,
+    "sglang.srt.layers.attention.linear.gdn_backend": _route_gdn_verify_conv,
+}
+
+
+class _AfterImportFinder:
+    """A meta-path finder that runs ``_AFTER_IMPORT[name](module)`` right after ``name`` executed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _AFTER_IMPORT:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original_exec = loader.exec_module
+
+        def exec_module(module, _exec=original_exec, _patch=_AFTER_IMPORT[name]):
+            _exec(module)
+            _patch(module)
+
+        try:
+            loader.exec_module = exec_module
+        except AttributeError:
+            return None
+        return spec
+
+
+def _install_after_import_patches() -> None:
+    for name, patch in _AFTER_IMPORT.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    if not any(isinstance(f, _AfterImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImportFinder())
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    _install_sgl_kernel_stand_in()
+    _patch_torch_device_module()
+    from . import cpu_ops
+
+    cpu_ops.register()
+    _patch_triton_autotune()
+    _install_after_import_patches()

@@ -1,0 +1,152 @@
+"""Tiny hybrid checkpoints SGLang can serve on a CPU: seeded random weights, no downloads.
+
+    python -m sglang_replayssm.cpu_harness.tiny_checkpoints OUT_DIR [--family qwen3_next|nemotron_h|all]
+
+Each family is written as a Hugging Face folder (``config.json``, ``model.safetensors``,
+``tokenizer.json``, ``tokenizer_config.json`` with a chat template) by ``transformers`` itself, so the
+same folder loads in ``transformers`` (the oracle of the server tests) and in SGLang:
+
+* ``qwen3_next``: Qwen3-Next layout, Gated DeltaNet layers + full attention every second layer, every
+  MLP a sparse MoE block with a shared expert (as the real model has it).
+* ``nemotron_h``: Nemotron-H layout, Mamba-2 / attention / MLP blocks (``M*M-``). ``transformers`` 5.19
+  writes ``layers_block_type``; SGLang's ``NemotronHConfig`` reads the same folder once the legacy names
+  it expects are also present (written here).
+
+The tokenizer is byte-level BPE (``tokenizers``), trained here on a short fixed text: 256 byte tokens,
+a few hundred merges, ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``. Weights are scaled up from
+transformers' small init so greedy decoding does not collapse into one repeated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+FAMILIES = ("qwen3_next", "nemotron_h")
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+VOCAB = 512
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+_TRAIN_TEXT = """\
+The quick brown fox jumps over the lazy dog. A state space model keeps a fixed-size state and updates it
+with every token; attention layers keep every key and value. Hybrid models mix both. def main(argv):
+    for i in range(10): print(i, i * i)  # numbers 0 1 2 3 4 5 6 7 8 9
+Once upon a time there was a small model that answered questions about the weather, the sea and the
+mountains. It said: hello, world! How are you today? I am fine, thank you. What is the capital of France?
+"""
+
+
+def write_tokenizer(out: Path) -> dict:
+    """Byte-level BPE tokenizer.json + tokenizer_config.json; returns the special token ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 8, special_tokens=list(SPECIALS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_TRAIN_TEXT] * 4, trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    ids = {s: tok.token_to_id(s) for s in SPECIALS}
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+        "chat_template": CHAT_TEMPLATE, "add_bos_token": False}, indent=1))
+    return ids
+
+
+def _config(family: str, ids: dict):
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                  max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=ids["<|im_end|>"],
+                  pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"], torch_dtype="float32")
+    if family == "qwen3_next":
+        return transformers.Qwen3NextConfig(
+            num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, intermediate_size=128,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32, decoder_sparse_step=1, norm_topk_prob=True, **common)
+    if family == "nemotron_h":
+        return transformers.NemotronHConfig(
+            layers_block_type=["mamba", "attention", "mamba", "mlp"], intermediate_size=128,
+            mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, expand=1,
+            chunk_size=64, mlp_hidden_act="relu2", use_mamba_kernels=False, **common)
+    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+
+
+def _scale_weights(model, seed: int) -> None:
+    """Larger random weights than transformers' 0.02-std init: varied greedy continuations."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) * (1.5 / fan_in ** 0.5))
+
+
+# SGLang's NemotronHConfig name -> the name transformers 5.19 writes
+_NEMOTRON_H_SGLANG_NAMES = {
+    "mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
+    "mamba_conv_bias": "use_conv_bias", "mamba_dt_min": "time_step_min", "mamba_dt_max": "time_step_max",
+    "mamba_dt_limit": "time_step_limit", "mamba_dt_init_floor": "time_step_floor", "mamba_chunk_size": "chunk_size",
+}
+
+
+def _sglang_compatible_config(family: str, out: Path) -> None:
+    cfg = json.loads((out / "config.json").read_text())
+    if family == "qwen3_next":
+        # SGLang's Qwen3NextConfig derives the layer types from full_attention_interval
+        full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
+        cfg["full_attention_interval"] = full[0] + 1
+        assert full == list(range(full[0], len(cfg["layer_types"]), full[0] + 1)), cfg["layer_types"]
+    if family == "nemotron_h":
+        # transformers 5.19 writes its internal names (linear_attention / full_attention); SGLang's
+        # NemotronHConfig validates against mamba / attention / mlp / moe, and reads the legacy names.
+        internal = {"linear_attention": "mamba", "full_attention": "attention"}
+        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+        for key in ("layers_block_type", "mtp_layers_block_type"):
+            cfg[key] = [internal.get(t, t) for t in cfg[key]]
+        cfg["hybrid_override_pattern"] = "".join(letters[t] for t in cfg["layers_block_type"])
+        cfg["num_hidden_layers"] = len(cfg["layers_block_type"])
+        for sglang_name, hf_name in _NEMOTRON_H_SGLANG_NAMES.items():
+            cfg[sglang_name] = cfg[hf_name]
+    (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+
+
+def write_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
+    import torch
+    import transformers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(out)
+    torch.manual_seed(seed)
+    cfg = _config(family, ids)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    _scale_weights(model, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    _sglang_compatible_config(family, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sglang_replayssm.cpu_harness.tiny_checkpoints",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir")
+    p.add_argument("--family", choices=FAMILIES + ("all",), default="all")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    for fam in FAMILIES if a.family == "all" else (a.family,):
+        path = write_checkpoint(fam, Path(a.out_dir) / fam, a.seed)
+        print(f"{fam}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
