@@ -4,15 +4,20 @@
 requests wait), one prefill chunk per prefilling request (chunked prefill), then one decode step for
 every running request — or, with speculative decoding, one verify step of 1 + k tokens per row
 (prompt-lookup drafts), committed by moving the ring pointer. Returns output events.
-Requests join and leave between steps. Everything here is synchronous and in-process; `server.py`
-puts it behind pyzmq and HTTP.
+Requests join and leave between steps. One request's failure stays its own: an exception while
+admitting, prefilling, sampling or emitting for one request fails that request alone (an error
+event, status 500); only a failed batched forward fails the rows of that batch. Everything here is
+synchronous and in-process; `server.py` puts it behind pyzmq and HTTP.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import sys
 import time
+import traceback
 from collections import deque
 
 import torch
@@ -27,6 +32,10 @@ from .ssm_ops import SSMOps
 from .tokenizer import ByteTokenizer, load_tokenizer
 
 EMBEDDED_PREFIX = "embedded"
+# temperatures below this sample greedily: logits / t overflows float32 for t ~ 1e-38 (NaN probabilities),
+# and the distribution is one-hot long before that (SGLang and vLLM use the same kind of cut-off)
+MIN_TEMPERATURE = 1e-5
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)   # int64 and uint64 seeds; a negative seed is taken mod 2^64
 
 
 @dataclasses.dataclass
@@ -85,6 +94,23 @@ class Request:
 
 class RequestError(ValueError):
     """A request the engine refuses (reported to the client as HTTP 400)."""
+
+
+def check_params(params: SamplingParams) -> SamplingParams:
+    """The sampling parameters the engine can run, or RequestError naming the field. A temperature
+    below MIN_TEMPERATURE becomes 0 (greedy)."""
+    t, top_p, seed = params.temperature, params.top_p, params.seed
+    if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+        raise RequestError(f"temperature: must be a finite number >= 0, got {t!r}")
+    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise RequestError(f"top_p: must be in (0, 1], got {top_p!r}")
+    if seed is not None and not (isinstance(seed, int) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise RequestError(f"seed: must be an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+    if params.max_tokens < 1:
+        raise RequestError("max_tokens: must be >= 1")
+    if 0 < t < MIN_TEMPERATURE:
+        params = dataclasses.replace(params, temperature=0.0)
+    return params
 
 
 def build_model(args: EngineArgs):
@@ -150,12 +176,17 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams, rid: str | None = None) -> Request:
         """prompt: text, list of token ids, or {"messages": [...]} for chat."""
-        if isinstance(prompt, dict):
-            ids = self.tokenizer.chat_prompt(prompt["messages"], prompt.get("continue_final_message", False))
-        elif isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = [int(t) for t in prompt]
+        params = check_params(params)
+        field = "messages" if isinstance(prompt, dict) else "prompt"
+        try:
+            if isinstance(prompt, dict):
+                ids = self.tokenizer.chat_prompt(prompt["messages"], prompt.get("continue_final_message", False))
+            elif isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt)
+            else:
+                ids = [int(t) for t in prompt]
+        except Exception as e:   # noqa: BLE001 - whatever the tokenizer makes of this input, it is this input's
+            raise RequestError(f"{field}: cannot be tokenized ({type(e).__name__}: {str(e)[:200]})") from None
         if not ids:
             raise RequestError("prompt: must not be empty")
         bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
@@ -163,12 +194,10 @@ class Engine:
             raise RequestError(f"prompt: token ids {bad[:5]} outside the vocabulary (size {self.cfg.vocab_size})")
         if len(ids) >= self.args.max_model_len:
             raise RequestError(f"prompt: {len(ids)} tokens, the context length is {self.args.max_model_len}")
-        if params.max_tokens < 1:
-            raise RequestError("max_tokens: must be >= 1")
         req = Request(rid or f"r{next(self._ids)}", ids, params)
         if params.temperature > 0:
             req.generator = torch.Generator().manual_seed(
-                params.seed if params.seed is not None else torch.seed() % (2 ** 63))
+                params.seed % (1 << 64) if params.seed is not None else torch.seed() % (2 ** 63))
         self.waiting.append(req)
         return req
 
@@ -194,28 +223,49 @@ class Engine:
                     break                       # the pool is full: requests wait
                 self.pool.free([self.cache.evict()])
             req = self.waiting.popleft()
-            req.slot = self.pool.alloc(1)[0]
-            hit = self.cache.lookup(req.prompt)
-            if hit is not None:                 # start from the cached prefix state
-                self._fork(hit[0], req.slot)
-                req.prefilled = hit[1]
             self.running.append(req)
+            try:
+                req.slot = self.pool.alloc(1)[0]
+                hit = self.cache.lookup(req.prompt)
+                if hit is not None:                 # start from the cached prefix state
+                    self._fork(hit[0], req.slot)
+                    req.prefilled = hit[1]
+            except Exception as e:   # noqa: BLE001 - this request fails, the others go on
+                self._fail(req, e, events)
         decoding = [r for r in self.running if r.in_decode]
-        for req in [r for r in self.running if r.prefilled < len(r.prompt)]:
-            self._prefill_chunk(req, events)
+        for req in [r for r in self.running if r.prefilled < len(r.prompt) and r.finish_reason is None]:
+            try:
+                self._prefill_chunk(req, events)
+            except Exception as e:   # noqa: BLE001
+                self._fail(req, e, events)
         if decoding:
-            drafts = self._drafts(decoding)
-            if any(drafts):
-                self._verify(decoding, drafts, events)
-            else:
-                self._decode(decoding, events)
+            try:
+                drafts = self._drafts(decoding)
+                if any(drafts):
+                    self._verify(decoding, drafts, events)
+                else:
+                    self._decode(decoding, events)
+            except Exception as e:   # noqa: BLE001 - the batched forward failed: its rows' state is unknown
+                for r in decoding:
+                    if r.finish_reason is None:
+                        self._fail(r, e, events)
             self.counters["steps"] += 1
         for req in [r for r in self.running if r.finish_reason is not None]:
             self.running.remove(req)
-            self.pool.free([req.slot])
-            req.slot = None
-            self.counters["requests_finished"] += 1
+            if req.slot is not None:
+                self.pool.free([req.slot])
+                req.slot = None
+            if req.finish_reason != "error":
+                self.counters["requests_finished"] += 1
         return events
+
+    def _fail(self, req: Request, exc: Exception, events: list) -> None:
+        """Fail one request: an error event for its client (status 500), the traceback in the log."""
+        print(f"replayssm engine: request {req.rid} failed:", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+        req.finish_reason = "error"
+        events.append({"rid": req.rid, "error": f"engine error: {type(exc).__name__}: {str(exc)[:200]}",
+                       "status": 500})
 
     def _fork(self, src: int, dst: int) -> None:
         self.pool.fork(src, dst)
@@ -279,8 +329,11 @@ class Engine:
         self._account_decode(cursors)
         greedy = logits.argmax(-1).tolist()
         for i, r in enumerate(rows):
-            tok = greedy[i] if r.params.temperature == 0 else self._sample(r, logits[i])
-            self._emit(r, [tok], events)
+            try:
+                tok = greedy[i] if r.params.temperature == 0 else self._sample(r, logits[i])
+                self._emit(r, [tok], events)
+            except Exception as e:   # noqa: BLE001 - e.g. a numerical failure in this row's sampling
+                self._fail(r, e, events)
         self.counters["decode_steps"] += 1
         self.last_batch = len(rows)
 
@@ -298,7 +351,11 @@ class Engine:
         accepted, new_tokens = [], []
         for i, (r, d) in enumerate(zip(rows, drafts)):
             if r.params.temperature > 0:
-                n, toks = 0, [self._sample(r, logits[i, 0])]
+                try:
+                    n, toks = 0, [self._sample(r, logits[i, 0])]
+                except Exception as e:   # noqa: BLE001 - this row fails; its commit is harmless
+                    self._fail(r, e, events)
+                    n, toks = 0, []
             else:
                 n = 0
                 while n < len(d) and d[n] == targets[i][n]:
@@ -312,7 +369,12 @@ class Engine:
         self.ops.commit(slot_list, accepted)
         self._account_verify(cursors, accepted, T)
         for r, toks in zip(rows, new_tokens):
-            self._emit(r, toks, events)
+            if r.finish_reason == "error":
+                continue
+            try:
+                self._emit(r, toks, events)
+            except Exception as e:   # noqa: BLE001
+                self._fail(r, e, events)
         self.counters["verify_steps"] += 1
         self.last_batch = len(rows)
 
@@ -360,6 +422,7 @@ class Engine:
         if p.top_p < 1.0:
             sorted_p, order = probs.sort(descending=True)
             keep = sorted_p.cumsum(-1) - sorted_p < p.top_p      # smallest set reaching top_p
+            keep[0] = True                                       # never empty (a tiny top_p is top-1)
             sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
             probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
         return int(torch.multinomial(probs / probs.sum(), 1, generator=req.generator))

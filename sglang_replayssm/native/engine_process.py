@@ -5,7 +5,12 @@ Front end -> engine (PUSH/PULL):  {"type": "add", "rid", "prompt", "params"} | {
 Engine -> front end (PUSH/PULL):  {"type": "ready", "info", "stats"} | {"type": "fatal", "error"}
                                   | {"type": "out", "events": [...], "stats": {...}}
 An event is the engine's output event (engine.Engine._emit), or {"rid", "error", "status"} for a
-request the engine refused. Stats go out with every step and at least twice a second when idle.
+request the engine refused (400) or failed (500). Stats go out with every step and at least twice a
+second when idle.
+
+Nothing one request does ends the loop: an unexpected exception while adding a request fails that
+request; `Engine.step` fails only the rows an error touched, and an exception that still escapes a
+step fails the running requests (their state is unknown), never the waiting ones or the loop.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from .engine import Engine, EngineArgs, RequestError, SamplingParams
 
 IDLE_POLL_MS = 200
 STATS_PERIOD_S = 0.5
+
+
+def _engine_error(e: Exception) -> str:
+    return f"engine error: {type(e).__name__}: {str(e)[:200]}"
 
 
 def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
@@ -59,13 +68,16 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
                         engine.add_request(msg["prompt"], SamplingParams(**msg["params"]), rid=msg["rid"])
                     except RequestError as e:
                         events.append({"rid": msg["rid"], "error": str(e), "status": 400})
+                    except Exception as e:   # noqa: BLE001 - this request fails, the loop goes on
+                        traceback.print_exc()
+                        events.append({"rid": msg["rid"], "error": _engine_error(e), "status": 500})
         if engine.has_work():
             try:
                 events += engine.step()
-            except Exception as e:   # noqa: BLE001 - fail the requests in flight, keep serving
+            except Exception as e:   # noqa: BLE001 - fail the running requests, keep serving
                 traceback.print_exc()
-                for req in list(engine.running) + list(engine.waiting):
-                    events.append({"rid": req.rid, "error": f"engine error: {type(e).__name__}: {e}", "status": 500})
+                for req in list(engine.running):
+                    events.append({"rid": req.rid, "error": _engine_error(e), "status": 500})
                     engine.abort(req.rid)
         now = time.monotonic()
         if events or now - last_stats > STATS_PERIOD_S:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -24,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..json_checks import field_of, find_invalid
 from .engine import EngineArgs
 from .engine_process import run_engine
 from .metrics import ServerMetrics
@@ -42,8 +44,18 @@ def error_response(message: str, status: int = 400, param: str | None = None) ->
 
 
 # --------------------------------------------------------------------------- engine client
+SEND_TIMEOUT_S = 30.0   # longest a request waits for room in the queue to a live engine (then 503)
+SEND_RETRY_S = 0.005
+
+
 class EngineClient:
-    """Owns the engine process and the two zmq sockets; one asyncio queue per request."""
+    """Owns the engine process and the two zmq sockets; one asyncio queue per request.
+
+    The engine's death (its process sentinel becomes readable) is seen at once: every pending
+    request gets a 503, `failed` says why, and `on_engine_exit` (set by `serve`) stops the server,
+    which then exits non-zero for a supervisor (or the Ray replica) to restart. Sends to the engine
+    never block: they are non-blocking and retried until the engine takes them, dies or
+    SEND_TIMEOUT_S passes."""
 
     def __init__(self, args: EngineArgs):
         self.args = args
@@ -52,8 +64,10 @@ class EngineClient:
         self.out_addr = f"ipc://{self.tmpdir}/outputs"
         self.ctx = zmq.asyncio.Context()
         self.push = self.ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
         self.push.bind(self.req_addr)
         self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.bind(self.out_addr)
         self.proc = mp.get_context("spawn").Process(target=run_engine, args=(args, self.req_addr, self.out_addr),
                                                     name="replayssm-engine", daemon=True)
@@ -61,7 +75,9 @@ class EngineClient:
         self.info: dict = {}
         self.stats: dict = {}
         self.ready = False
-        self.failed: str | None = None   # why the engine did not start
+        self.failed: str | None = None   # why the engine did not start, or why it stopped
+        self.closing = False
+        self.on_engine_exit = None       # called once when the engine process dies while serving
         self._tasks: list[asyncio.Task] = []
 
     async def start(self, timeout: float = 600.0) -> dict:
@@ -94,11 +110,39 @@ class EngineClient:
                     q.put_nowait(ev)
 
     async def _watch(self) -> None:
-        while self.proc.is_alive():
-            await asyncio.sleep(0.5)
+        """Wait for the engine process to end (its sentinel fd becomes readable), then fail over."""
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        loop.add_reader(self.proc.sentinel, lambda: ended.done() or ended.set_result(None))
+        try:
+            await ended
+        finally:
+            loop.remove_reader(self.proc.sentinel)
+        self.proc.join(1.0)
         self.ready = False
+        if self.closing:
+            return
+        self.failed = f"the engine process died (exit code {self.proc.exitcode})"
+        print(f"sglang-replayssm: error: {self.failed}; failing {len(self.queues)} pending request(s) "
+              "and exiting", file=sys.stderr, flush=True)
         for rid, q in list(self.queues.items()):
             q.put_nowait({"rid": rid, "error": "engine process died", "status": 503})
+        if self.on_engine_exit is not None:
+            self.on_engine_exit()
+
+    async def _send(self, msg: dict) -> None:
+        """Queue one message for the engine without ever blocking on a dead or stuck one."""
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        while True:
+            if not self.ready:
+                raise BadRequest("engine is not running", status=503)
+            try:
+                await self.push.send_pyobj(msg, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if time.monotonic() > deadline:
+                    raise BadRequest(f"engine did not take the request in {SEND_TIMEOUT_S:.0f} s", status=503)
+                await asyncio.sleep(SEND_RETRY_S)
 
     async def generate(self, prompt, params: dict):
         """Async iterator over the events of one request."""
@@ -109,7 +153,7 @@ class EngineClient:
         self.queues[rid] = q
         done = False
         try:
-            await self.push.send_pyobj({"type": "add", "rid": rid, "prompt": prompt, "params": params})
+            await self._send({"type": "add", "rid": rid, "prompt": prompt, "params": params})
             while True:
                 ev = await q.get()
                 done = "error" in ev or ev["finished"]
@@ -125,6 +169,7 @@ class EngineClient:
                     pass
 
     async def close(self) -> None:
+        self.closing = True
         for t in self._tasks:
             t.cancel()
         if self.proc.is_alive():
@@ -144,23 +189,46 @@ class EngineClient:
 
 
 # --------------------------------------------------------------------------- request parsing
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1   # int64 and uint64 seeds; negative ones are taken mod 2^64
+SHOWN_CHARS = 60
+
+
+def _show(v) -> str:
+    """A client value as it may appear in an error message: repr, at most SHOWN_CHARS characters."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10 ** SHOWN_CHARS:
+        return f"an integer of {len(str(abs(v)))} digits"
+    s = repr(v)
+    return s if len(s) <= SHOWN_CHARS else s[:SHOWN_CHARS] + "..."
+
+
 def _number(body, name, default, lo, hi, kind=float, lo_open=False):
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-        raise BadRequest(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {v!r}", name)
-    v = kind(v)
+    integral = isinstance(v, int) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not integral):
+        raise BadRequest(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {_show(v)}", name)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise BadRequest(f"{name}: must be a finite number, got {v}", name)
     if v < lo or (lo_open and v == lo) or v > hi:
-        raise BadRequest(f"{name}: must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", name)
+        raise BadRequest(f"{name}: must be in {'(' if lo_open else '['}{lo}, {hi}], got {_show(v)}", name)
+    return kind(v)
+
+
+def _flag(body, name) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise BadRequest(f"{name}: expected true or false, got {_show(v)}", name)
     return v
 
 
 def parse_sampling(body: dict, chat: bool) -> dict:
-    if body.get("n", 1) != 1:
+    if body.get("n", 1) not in (1, None) or isinstance(body.get("n"), bool):
         raise BadRequest("n: only n=1 is supported", "n")
     for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
+        if body.get(name) not in (None, 0, 0.0) or isinstance(body.get(name), bool):
             raise BadRequest(f"{name}: not supported by the native engine", name)
     if body.get("logprobs") not in (None, False, 0) or body.get("echo"):
         raise BadRequest("logprobs/echo: not supported by the native engine", "logprobs")
@@ -174,14 +242,13 @@ def parse_sampling(body: dict, chat: bool) -> dict:
         raise BadRequest("stop: expected a non-empty string or a list of them", "stop")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest(f"seed: expected an integer, got {seed!r}", "seed")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise BadRequest("ignore_eos: expected true or false", "ignore_eos")
+        raise BadRequest(f"seed: expected an integer, got {_show(seed)}", "seed")
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+        raise BadRequest(f"seed: must be in [{SEED_MIN}, {SEED_MAX}], got {_show(seed)}", "seed")
     return {"max_tokens": _number(body, max_name, 128 if chat else 16, 1, 1 << 20, int),
             "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
             "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-            "stop": tuple(stop), "seed": seed, "ignore_eos": ignore_eos}
+            "stop": tuple(stop), "seed": seed, "ignore_eos": _flag(body, "ignore_eos")}
 
 
 def parse_prompt(body: dict):
@@ -207,18 +274,28 @@ def parse_messages(body: dict) -> dict:
             raise BadRequest(f"messages[{i}]: expected an object with a 'role'", "messages")
         content = m.get("content")
         if isinstance(content, list):   # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text", ""), str)
+                       for p in content):
                 raise BadRequest(f"messages[{i}].content: only text parts are supported", "messages")
             content = "".join(p.get("text", "") for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content: expected a string", "messages")
         out.append({"role": m["role"], "content": content})
-    cont = body.get("continue_final_message", False)
-    if not isinstance(cont, bool):
-        raise BadRequest("continue_final_message: expected a boolean", "continue_final_message")
+    cont = _flag(body, "continue_final_message")
     if cont and out[-1]["role"] != "assistant":
         raise BadRequest("continue_final_message: the last message must be the assistant's", "continue_final_message")
     return {"messages": out, "continue_final_message": cont}
+
+
+def parse_stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = _flag(body, "stream")
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not isinstance(opts, dict):
+        raise BadRequest(f"stream_options: expected an object, got {_show(opts)}", "stream_options")
+    return stream, _flag(opts, "include_usage")
 
 
 # --------------------------------------------------------------------------- the app
@@ -245,12 +322,13 @@ def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
         raw = await request.body()
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(f"request body is not valid JSON: {e}")
+        except (ValueError, RecursionError) as e:   # JSONDecodeError, bad UTF-8, a >4300-digit integer, nesting
+            raise BadRequest(f"request body is not valid JSON: {str(e)[:200] or type(e).__name__}")
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
-        if body.get("stream") not in (None, True, False):
-            raise BadRequest("stream: expected true or false", "stream")
+        bad = find_invalid(body)
+        if bad is not None:
+            raise BadRequest(f"{bad[0]}: {bad[1]}", field_of(bad[0]))
         return body
 
     @app.exception_handler(BadRequest)
@@ -371,8 +449,8 @@ def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
         body = await read_json(request)
         params = parse_sampling(body, chat=chat)
         prompt = parse_messages(body) if chat else parse_prompt(body)
-        opts = body.get("stream_options") or {}
-        return await run(prompt, params, bool(body.get("stream")), chat, bool(opts.get("include_usage")))
+        stream, include_usage = parse_stream(body)
+        return await run(prompt, params, stream, chat, include_usage)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -397,6 +475,9 @@ def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_leve
     banner = BANNER.replace("{url}", url)
     app = create_app(client, banner)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=2))
+    client.on_engine_exit = lambda: setattr(server, "should_exit", True)   # answer what is pending, then exit
+    server.run()
     if client.failed:
         sys.exit(1)
