@@ -11,32 +11,104 @@ clients get the chunks assembled), which gives one code path for metrics and fai
   text (chat: the partial answer as a final assistant message with `continue_final_message`),
   max_tokens reduced by the tokens already sent. The client sees one stream: same id, every token
   once, and `data: [DONE]` only after a complete answer (an `error` event otherwise).
+
+A bad request is that request's error, never a replica failure: the router answers what it can
+check itself (a body that is not a JSON object, NaN / Infinity or a lone surrogate anywhere, the
+type of the fields it reads) with a 400 naming the field; an engine's 4xx is passed through, and an
+engine's 500 for one request is that request's 500; neither is re-sent. Only a dead replica or
+engine (actor died, stream cut, transport error, engine 502/503/504) is retried. Clients get short
+messages; tracebacks and replica details go to the router's log.
 """
 
 import asyncio
 import copy
 import json
+import logging
 import time
 import uuid
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
+import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
+from ..json_checks import field_of, find_invalid
 from .metrics import RouterMetrics
 from .policy import PolicyConfig
 from . import state as _state  # module reference: Serve pickles the ingress class by value
 
 app = FastAPI(title="sglang-replayssm router")
+logger = logging.getLogger("ray.serve")
+
+REPLICA_DOWN_STATUSES = (502, 503, 504)   # an engine that is not serving, not a bad request
+MESSAGE_CHARS = 300                       # longest engine message passed on to a client
 
 
-class _ClientError(Exception):
+class _FinalError(Exception):
+    """The request's answer is this error, `status` with the JSON `body`, never retried: its own
+    error (an engine 4xx, an engine 500 for it alone, a replica raising on its content) or the
+    last of --max-retries replica failures."""
+
     def __init__(self, status: int, body: str):
         super().__init__(body)
         self.status = status
         self.body = body
+
+
+class _ReplicaFailure(Exception):
+    """The replica or its engine is down (answered 502/503/504, cut the stream): retry elsewhere."""
+
+
+def _error_body(status: int, message: str, param: Optional[str] = None) -> str:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
+
+
+def _engine_message(body: Any) -> str:
+    """The first line of an engine's error message (a JSON body or an SSE error object), short."""
+    err: Any = body
+    if isinstance(body, str):
+        try:
+            err = json.loads(body)
+        except ValueError:
+            err = body
+    if isinstance(err, dict):
+        err = err.get("error", err)
+        err = err.get("message", "") if isinstance(err, dict) else err
+    text = str(err).strip().splitlines()[0] if str(err).strip() else "engine error"
+    return text[:MESSAGE_CHARS]
+
+
+def _passed_through(status: int, body: str) -> str:
+    """An engine's 4xx body as the client gets it: verbatim when it is a JSON object, else wrapped."""
+    try:
+        if isinstance(json.loads(body), dict):
+            return body
+    except ValueError:
+        pass
+    return _error_body(status, _engine_message(body))
+
+
+def _is_replica_failure(e: BaseException) -> bool:
+    """A replica or engine that died or cannot be reached, as opposed to one that raised on this
+    request's content (a RayTaskError of any other cause): only the former is retried."""
+    if isinstance(e, _ReplicaFailure):
+        return True
+    if isinstance(e, RayTaskError):
+        cause = getattr(e, "cause", None)
+        down = (httpx.TransportError, ConnectionError, RayActorError, asyncio.CancelledError)
+        return isinstance(cause, down) or type(cause).__name__ == "EngineStreamCut"
+    return True   # actor died / unavailable, Serve's own errors: the replica, not the request
+
+
+def _short(e: BaseException) -> str:
+    """What a log line says about an exception (a RayTaskError's cause, not its traceback)."""
+    cause = getattr(e, "cause", None) if isinstance(e, RayTaskError) else None
+    e = cause or e
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
 
 
 def routing_key(kind: str, body: Dict[str, Any]) -> str:
@@ -63,7 +135,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 
@@ -80,6 +152,7 @@ def _delta_text(kind: str, chunk: Dict[str, Any]) -> Tuple[str, Optional[str]]:
 
 
 def _max_tokens(kind: str, body: Dict[str, Any]) -> Optional[int]:
+    """The token budget (checked an integer by _validate), or None."""
     for k in ("max_tokens", "max_completion_tokens"):
         if body.get(k) is not None:
             return int(body[k])
@@ -144,23 +217,24 @@ class RouterIngress:
         endpoint = "completions" if kind == "completions" else "chat"
         try:
             body = await request.json()
-        except (ValueError, json.JSONDecodeError):
+        except (ValueError, RecursionError):   # bad JSON or UTF-8, a >4300-digit integer, nesting
             return self._client_error(endpoint, 400, "request body is not valid JSON")
         err = self._validate(kind, body)
         if err:
-            return self._client_error(endpoint, 400, err)
+            return self._client_error(endpoint, 400, err[1], err[0])
         route_info: Dict[str, Any] = {}
         events = self._events(kind, body, route_info)
         try:
             first = await events.__anext__()
-        except _ClientError as e:
-            self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
+        except _FinalError as e:
+            outcome = "client_error" if e.status < 500 else "error"
+            self.metrics.requests.labels(endpoint=endpoint, outcome=outcome).inc()
             return Response(e.body, status_code=e.status, media_type="application/json")
         except StopAsyncIteration:
             first = None
-        except Exception as e:
+        except Exception as e:   # noqa: BLE001 - _events raises short messages; anything else is a bug
             self.metrics.requests.labels(endpoint=endpoint, outcome="error").inc()
-            return JSONResponse({"error": {"message": str(e), "type": "server_error"}}, status_code=502)
+            return Response(self._server_error_body(e), status_code=502, media_type="application/json")
         if body.get("stream"):
             headers = {"x-replayssm-replica": str(route_info.get("replica")),
                        "x-replayssm-route": str(route_info.get("route"))}
@@ -168,27 +242,55 @@ class RouterIngress:
                                      headers=headers)
         return await self._collect(kind, body, first, events)
 
-    def _client_error(self, endpoint: str, status: int, message: str):
+    @staticmethod
+    def _engine_error(status: int, body: Any) -> None:
+        """Raise what an engine's error answer means: the replica is down (retry) or this request failed."""
+        if status in REPLICA_DOWN_STATUSES:
+            raise _ReplicaFailure(f"engine answered {status}: {_engine_message(body)}")
+        if status < 500:
+            raise _FinalError(status, _passed_through(status, body) if isinstance(body, str)
+                              else _error_body(status, _engine_message(body)))
+        raise _FinalError(status, _error_body(status, _engine_message(body)))
+
+    def _client_error(self, endpoint: str, status: int, message: str, param: Optional[str] = None):
         self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+        return Response(_error_body(status, message, param), status_code=status, media_type="application/json")
 
     @staticmethod
-    def _validate(kind: str, body: Any) -> Optional[str]:
+    def _server_error_body(e: BaseException) -> str:
+        """A 502 body for an unexpected exception: logged here, not shown to the client."""
+        logger.error("router: request failed unexpectedly", exc_info=e)
+        return _error_body(502, "the router failed to serve this request (details in the router log)")
+
+    @staticmethod
+    def _validate(kind: str, body: Any) -> Optional[Tuple[str, str]]:
+        """(field, message) of the first problem the router itself can see, or None."""
         if not isinstance(body, dict):
-            return "request body must be a JSON object"
+            return None, "request body must be a JSON object"
+        bad = find_invalid(body)   # NaN, Infinity, lone surrogates: the replica could not even send them
+        if bad is not None:
+            return field_of(bad[0]), f"{bad[0]}: {bad[1]}"
         if kind == "completions" and "prompt" not in body:
-            return "'prompt' is required"
+            return "prompt", "prompt: required"
         if kind == "chat" and not isinstance(body.get("messages"), list):
-            return "'messages' must be a list"
-        if body.get("n", 1) not in (1, None):
-            return "'n' must be 1 (the router streams one choice per request)"
-        mt = _max_tokens(kind, body)
-        if mt is not None and mt < 1:
-            return "'max_tokens' must be >= 1"
+            return "messages", "messages: must be a list"
+        if body.get("n", 1) not in (1, None) or isinstance(body.get("n"), bool):
+            return "n", "n: must be 1 (the router streams one choice per request)"
+        if body.get("stream") is not None and not isinstance(body.get("stream"), bool):
+            return "stream", "stream: expected true or false"
+        if not isinstance(body.get("stream_options") or {}, dict):
+            return "stream_options", "stream_options: expected an object"
+        for k in ("max_tokens", "max_completion_tokens"):
+            v = body.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or isinstance(v, float) and not v.is_integer()):
+                return k, f"{k}: expected an integer"
+            if v is not None and v < 1:
+                return k, f"{k}: must be >= 1"
         return None
 
     async def _events(self, kind: str, body: Dict[str, Any], route_info: Dict[str, Any]) -> AsyncIterator[Tuple[str, Any]]:
-        """Yield ('chunk', rewritten_chunk) ... ('end', info); raise _ClientError for a 4xx answer.
+        """Yield ('chunk', rewritten_chunk) ... ('end', info); raise _FinalError for a final error answer.
 
         route_info gets the first replica and routing decision as soon as they are known."""
         start = time.monotonic()
@@ -238,14 +340,14 @@ class RouterIngress:
                             route_info.setdefault("replica", replica)
                             route_info.setdefault("route", decision)
                             _state.STATE.served(route_key, replica)
-                        elif typ == "error":
-                            if ev["status"] < 500 and sent_tokens == 0:
-                                raise _ClientError(ev["status"], ev["body"])
-                            raise RuntimeError(f"engine error {ev['status']}: {ev['body'][:200]}")
+                        elif typ == "error":   # the engine answered with an HTTP error
+                            self._engine_error(ev["status"], ev["body"])
                         elif typ == "chunk":
                             chunk = ev["data"]
-                            if "error" in chunk and not chunk.get("choices"):
-                                raise RuntimeError(f"engine stream error: {chunk['error']}")
+                            if "error" in chunk and not chunk.get("choices"):   # an SSE error event
+                                err = chunk["error"]
+                                code = err.get("code") if isinstance(err, dict) else None
+                                self._engine_error(code if isinstance(code, int) else 503, err)
                             text, fin = _delta_text(kind, chunk)
                             if chunk.get("usage") and not chunk.get("choices"):
                                 usage = chunk["usage"]
@@ -277,20 +379,27 @@ class RouterIngress:
                         elif typ == "done":
                             finished = True
                     if not finished:
-                        raise RuntimeError("replica stream ended without an end marker")
+                        raise _ReplicaFailure("replica stream ended without an end marker")
                     break
-                except _ClientError:
+                except _FinalError:
                     raise
                 except (asyncio.CancelledError, GeneratorExit, RequestCancelledError):
                     raise  # the client went away: nothing to retry
-                except Exception as e:  # replica died / engine cut the stream: go elsewhere
+                except Exception as e:  # noqa: BLE001 - replica died / engine cut the stream: go elsewhere
+                    if not _is_replica_failure(e):   # the replica raised on this request's content
+                        logger.error("router: replica %s failed request %s; not retried", replica, route_id,
+                                     exc_info=e)
+                        raise _FinalError(500, _error_body(500, "the replica failed this request")) from None
                     retries += 1
                     kind_label = "stream_resume" if sent_tokens else "restart"
                     self.metrics.retries.labels(kind=kind_label).inc()
+                    logger.warning("router: attempt %d of request %s failed on replica %s (%s)", retries,
+                                   route_id, replica, _short(e))
                     if replica is not None:
                         exclude.append(replica)
                     if retries > self.max_retries:
-                        raise RuntimeError(f"request failed after {retries} attempts: {e}") from e
+                        raise _FinalError(502, _error_body(
+                            502, f"no replica could serve the request ({retries} attempts failed)")) from None
                     usage = None
                     await asyncio.sleep(min(0.05 * retries, 0.5))
             if replicas:
@@ -336,9 +445,11 @@ class RouterIngress:
         except (asyncio.CancelledError, GeneratorExit, RequestCancelledError):
             outcome = "cancelled"
             raise
-        except Exception as e:
-            err = {"error": {"message": str(e), "type": "server_error"}}
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        except _FinalError as e:   # after the stream began: an error event, and no [DONE]
+            outcome = "client_error" if e.status < 500 else "error"
+            yield b"data: " + e.body.encode() + b"\n\n"
+        except Exception as e:   # noqa: BLE001
+            yield b"data: " + self._server_error_body(e).encode() + b"\n\n"
         finally:
             self.metrics.requests.labels(endpoint=endpoint, outcome=outcome).inc()
 
@@ -354,9 +465,12 @@ class RouterIngress:
                     ev = await events.__anext__()
                 except StopAsyncIteration:
                     ev = None
-        except Exception as e:
+        except _FinalError as e:
+            self.metrics.requests.labels(endpoint=endpoint, outcome="client_error" if e.status < 500 else "error").inc()
+            return Response(e.body, status_code=e.status, media_type="application/json")
+        except Exception as e:   # noqa: BLE001
             self.metrics.requests.labels(endpoint=endpoint, outcome="error").inc()
-            return JSONResponse({"error": {"message": str(e), "type": "server_error"}}, status_code=502)
+            return Response(self._server_error_body(e), status_code=502, media_type="application/json")
         self.metrics.requests.labels(endpoint=endpoint, outcome="ok").inc()
         meta = {"replica": info["replicas"][-1] if info["replicas"] else None,
                 "replicas": info["replicas"], "route": info["decision"], "retries": info["retries"]}
