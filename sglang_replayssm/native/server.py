@@ -4,6 +4,11 @@ Routes: POST /v1/completions, POST /v1/chat/completions (both with `stream`: SSE
 `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/replayssm/load
 (load report for the Ray router). The engine runs in its own process (`engine_process.run_engine`)
 reached through pyzmq; `EngineClient` routes its output events to the waiting requests.
+
+Every request body is checked before it reaches the engine: anything malformed (not JSON, NaN /
+Infinity or a lone surrogate anywhere, a field of the wrong type or range) is a 400 whose message
+starts with the field and whose `error.param` names it. When the engine process dies, the pending
+requests get a 503 and the server exits with status 1 (see `EngineClient`).
 """
 
 from __future__ import annotations
@@ -110,7 +115,8 @@ class EngineClient:
                     q.put_nowait(ev)
 
     async def _watch(self) -> None:
-        """Wait for the engine process to end (its sentinel fd becomes readable), then fail over."""
+        """Wait for the engine process to end (its sentinel fd becomes readable), then answer every
+        pending request with a 503 and stop the server."""
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
         loop.add_reader(self.proc.sentinel, lambda: ended.done() or ended.set_result(None))
