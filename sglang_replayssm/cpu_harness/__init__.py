@@ -7,7 +7,8 @@ lets CI start ``sglang serve`` with the ReplaySSM plugin on every change. Switch
 ``activate()`` (in the launching process, before SGLang is imported):
 
 * ``SGLANG_USE_CPU_ENGINE=1`` (SGLang's CPU platform; ``--device cpu`` alone still takes CUDA paths),
-  ``TRITON_INTERPRET=1`` (SGLang launches a few Triton kernels on CPU tensors);
+  ``TRITON_INTERPRET=1`` (SGLang launches a few Triton kernels on CPU tensors) and
+  ``TRITON_F32_DEFAULT=ieee`` (the interpreter would round ``tl.dot`` inputs to TF32);
 * puts ``site/`` first on ``PYTHONPATH``: its ``sitecustomize`` installs ``bridge.install()`` in every
   process SGLang spawns (schedulers, detokenizer), before they import SGLang;
 * installs the bridge in this process too (``bridge.py``: the ``sgl_kernel`` stand-in, ``torch.cpu`` as
@@ -66,6 +67,8 @@ def harness_env(env: dict | None = None) -> dict:
     env = dict(os.environ if env is None else env)
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     env["TRITON_INTERPRET"] = "1"
+    # the interpreter emulates TF32 in tl.dot by default (errors ~1e-3 against fp32 transformers): plain fp32
+    env.setdefault("TRITON_F32_DEFAULT", "ieee")
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
     return env

@@ -9,14 +9,17 @@
 2. ``torch.get_device_module()`` answers ``torch.cpu`` (PyPI's torch is a CUDA build, so it would
    answer ``torch.cuda``), and ``torch.cpu.device`` exists (a no-op context, as ``torch.cuda.device``).
 3. PyTorch versions of the ``torch.ops.sgl_kernel.*_cpu`` ops SGLang's CPU engine calls, which only
-   SGLang's unpublished CPU kernel build has (``cpu_ops.py``).
+   SGLang's unpublished CPU kernel build has (``cpu_ops.py``: convolution, gated delta rule, gated norm;
+   ``spec_ops.py``: the speculative-decoding bookkeeping ops).
 4. Triton's autotuner takes its first config under the interpreter (``TRITON_INTERPRET=1``, which the
    harness sets: SGLang launches a few Triton kernels on CPU tensors).
 5. Two SGLang modules are completed right after they are imported (``_AFTER_IMPORT``):
    ``layers/attention/mamba/mamba.py`` binds its causal-conv functions only on CUDA/NPU/XPU, so on CPU
    they are bound to SGLang's own Triton versions (as its XPU branch does); the GDN backend's CPU conv
    update has no per-draft conv window, so a target-verify call (``intermediate_conv_window=``) goes to
-   SGLang's Triton conv update instead.
+   SGLang's Triton conv update instead; GDN decode takes the packed Triton kernels it takes on a GPU
+   (which is where SGLang's own ``--enable-linear-replayssm`` decode lives); the NGRAM worker builds the
+   full tree mask the Triton attention backend reads.
 """
 
 from __future__ import annotations
@@ -154,7 +157,53 @@ def _route_gdn_verify_conv(mod) -> None:
     mod.causal_conv1d_update = causal_conv1d_update
 
 
+def _gdn_packed_decode_on_cpu(mod) -> None:
+    """SGLang's own ``--enable-linear-replayssm`` decode lives in the packed GDN decode, which its CPU engine
+    never calls (``supports_packed_decode`` is False on CPU). Turn the packed path on: with ReplaySSM rings it
+    runs SGLang's ReplaySSM Triton kernel (under the interpreter), as on a GPU; without them it unpacks
+    ``mixed_qkv`` and takes the CPU decode op (SGLang's plain packed Triton kernel does not run under the
+    interpreter)."""
+    from sglang.kernels.ops.attention.linear.fused_recurrent_linear_replayssm import (
+        fused_recurrent_gdn_replayssm_decode)
+
+    mod.fused_recurrent_gdn_replayssm_decode = fused_recurrent_gdn_replayssm_decode
+    cls = mod.TritonGDNKernel
+    packed = cls.packed_decode
+    if getattr(packed, "_cpu_harness", False):
+        return
+
+    def packed_decode(self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices, num_v_heads,
+                      head_v_dim, **kwargs):
+        if kwargs.get("replayssm_d") is not None:
+            return packed(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale, ssm_states=ssm_states,
+                          cache_indices=cache_indices, num_v_heads=num_v_heads, head_v_dim=head_v_dim, **kwargs)
+        import torch
+
+        B, K = mixed_qkv.shape[0], ssm_states.shape[-1]
+        v_dim = num_v_heads * head_v_dim
+        qk_dim = (mixed_qkv.shape[-1] - v_dim) // 2
+        q, k, v = torch.split(mixed_qkv, [qk_dim, qk_dim, v_dim], dim=-1)
+        return torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu(
+            A_log=A_log, dt_bias=dt_bias, q=q.reshape(1, B, qk_dim // K, K), k=k.reshape(1, B, qk_dim // K, K),
+            v=v.reshape(1, B, num_v_heads, head_v_dim), a=a, b=b, initial_state_source=ssm_states,
+            initial_state_indices=cache_indices,
+            cu_seqlens=torch.arange(B + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True, scale=scale)
+
+    packed_decode._cpu_harness = True
+    cls.packed_decode = packed_decode
+    cls.supports_packed_decode = True
+
+
+def _ngram_full_tree_mask(mod) -> None:
+    """On CPU SGLang's NGRAM worker builds the draft-only tree mask its AMX attention backend reads; the
+    harness verifies with the Triton attention backend, which reads the full mask (prefix + drafts), as on
+    a GPU. Without this the verify attends with a mask of the wrong shape."""
+    mod._is_cpu = False
+
+
 _AFTER_IMPORT = {
+    "sglang.srt.speculative.ngram_worker": _ngram_full_tree_mask,
+    "sglang.srt.layers.attention.linear.kernels.gdn_triton": _gdn_packed_decode_on_cpu,
     "sglang.srt.layers.attention.mamba.mamba": _bind_mamba_conv,
     "sglang.srt.layers.attention.linear.gdn_backend": _route_gdn_verify_conv,
 }
@@ -203,8 +252,9 @@ def install() -> None:
     _installed = True
     _install_sgl_kernel_stand_in()
     _patch_torch_device_module()
-    from . import cpu_ops
+    from . import cpu_ops, spec_ops
 
     cpu_ops.register()
+    spec_ops.register()
     _patch_triton_autotune()
     _install_after_import_patches()

@@ -155,12 +155,12 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b, in
         qq, kk = _prep_qk(q[0, lo:hi], k[0, lo:hi], HV, use_qk_l2norm_in_kernel, scale)
         S0 = initial_state_source[slot].float()
         if retrieve_parent_token is not None:
-            # tree drafts: each token starts from its parent's state (-1: the sequence's state)
+            # tree drafts: token 0 starts from the sequence's state, token t > 0 from the state after its
+            # parent token retrieve_parent_token[i, t] (< t)
             outs = []
             states = []
             for t in range(hi - lo):
-                p = int(retrieve_parent_token[i, t])
-                S = S0 if p < 0 else states[p]
+                S = S0 if t == 0 else states[int(retrieve_parent_token[i, t])]
                 o, st = _delta_rule_tokens(S, qq[t:t + 1], kk[t:t + 1], v[0, lo + t:lo + t + 1].float(),
                                            g_all[0, lo + t:lo + t + 1], beta_all[0, lo + t:lo + t + 1])
                 outs.append(o[0])

@@ -67,7 +67,7 @@ def _config(family: str, ids: dict):
     if family == "qwen3_next":
         return transformers.Qwen3NextConfig(
             num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, intermediate_size=128,
-            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
             linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             shared_expert_intermediate_size=32, decoder_sparse_step=1, norm_topk_prob=True, **common)
     if family == "nemotron_h":

@@ -22,6 +22,7 @@ from collections import deque
 
 import torch
 
+from .. import metric_names
 from ..flags import ReplaySSMOptions
 from ..pool import ReplayStatePool, SSMGeometry
 from . import drafter, traffic
@@ -365,7 +366,7 @@ class Engine:
             new_tokens.append(toks)
             self.counters["draft_tokens"] += len(d)
             self.counters["accepted_draft_tokens"] += n
-            self.counters["rollbacks"] += int(n + 1 < T)
+            self.counters["rollbacks"] += T - (n + 1)   # rejected draft records (metric_names)
         self.ops.commit(slot_list, accepted)
         self._account_verify(cursors, accepted, T)
         for r, toks in zip(rows, new_tokens):
@@ -410,8 +411,8 @@ class Engine:
         if self.conventional or not live:
             self.ring_occupancy = 0.0
             return
-        cur = self.pool.cursor[torch.tensor(live, device=self.pool.device)].float()
-        self.ring_occupancy = float(cur.mean()) / self.pool.cfg.window
+        cur = self.pool.cursor[torch.tensor(live, device=self.pool.device)]
+        self.ring_occupancy = metric_names.ring_occupancy(cur.tolist(), self.pool.cfg.window)
 
     # ------------------------------------------------------------------ sampling and output
     def _sample(self, req: Request, logits: torch.Tensor) -> int:

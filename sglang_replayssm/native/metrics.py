@@ -3,7 +3,7 @@
 Engine-side totals (counters, gauges) arrive with every engine stats message and are exported by a
 collector; request latencies (TTFT, inter-token, end-to-end) are histograms observed in the front
 end. Generic names follow SGLang's (`sglang:*`) so one dashboard fits both engines; the ReplaySSM
-counters use the names shared with the SGLang plugin (`replayssm:*`).
+metrics are defined once for both engines in `sglang_replayssm.metric_names`.
 """
 
 from __future__ import annotations
@@ -11,19 +11,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from sglang_replayssm import metric_names as replayssm_names
+
 # (metric name, stats key, help); counters get "_total" appended in the exposition
 COUNTERS = [
     ("sglang:prompt_tokens", "prompt_tokens", "Prefilled prompt tokens"),
     ("sglang:generation_tokens", "generation_tokens", "Generated tokens"),
     ("sglang:num_requests", "requests_finished", "Finished requests"),
-    ("replayssm:flushes", "flushes", "Sequence steps that folded the record ring into the checkpoint"),
-    ("replayssm:nonflush_steps", "nonflush_steps", "Sequence steps that only appended a record"),
-    ("replayssm:state_bytes_read", "state_bytes_read", "SSM state bytes read (all SSM layers)"),
-    ("replayssm:state_bytes_written", "state_bytes_written", "SSM state bytes written (all SSM layers)"),
-    ("replayssm:conventional_state_bytes", "conventional_state_bytes",
-     "SSM state bytes a conventional engine would read + write for the same tokens"),
-    ("replayssm:accepted_records", "accepted_records", "Verified records committed by pointer"),
-    ("replayssm:rollbacks", "rollbacks", "Verify rows whose rejected drafts were dropped"),
+    *((name, name.split(":", 1)[1], doc) for name, doc in replayssm_names.COUNTERS.items()),
     ("replayssm:draft_tokens", "draft_tokens", "Speculative draft tokens proposed"),
     ("replayssm:accepted_draft_tokens", "accepted_draft_tokens", "Speculative draft tokens accepted"),
     ("replayssm:prefix_cache_hits", "prefix_cache_hits", "Requests started from a cached prompt-prefix state"),
@@ -38,7 +33,7 @@ GAUGES = [
     ("replayssm:pool_slots_total", "total_slots", "ReplayStatePool slots"),
     ("replayssm:pool_slots_free", "free_slots", "Free ReplayStatePool slots"),
     ("replayssm:batch_size", "batch_size", "Rows in the last decode/verify step"),
-    ("replayssm:ring_occupancy", "ring_occupancy", "Mean committed records / window over running sequences"),
+    *((name, name.split(":", 1)[1], doc) for name, doc in replayssm_names.GAUGES.items()),
 ]
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

@@ -191,6 +191,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         for layer in range(nl):
             _LAYER_VIEWS[temporal[layer].data_ptr()] = (weakref.ref(self), layer)
         _POOLS.add(self)
+        metrics.metrics()   # every replayssm: family exported from the start
         self._pending_decode: torch.Tensor | None = None
         self._steps_since_metrics = 0
         self._metrics_interval = max(1, int(os.environ.get(METRICS_INTERVAL_ENV, "16")))
@@ -258,7 +259,11 @@ class ReplayMambaPool(_SGLangMambaPool):
         slots = [slots[i] for i in keep]
         accepted = [accepted[i] for i in keep]
         pend = [self.replay.pending(s) for s in slots]
+        before = self.replay.cursor[torch.as_tensor(slots, device=self.replay.device)].tolist()
         self.replay.commit(slots, accepted, None if paths is None else [paths[i] for i in keep], fold=self._fold)
+        folds = sum(int(c + a >= self.replay.cfg.window) for c, a in zip(before, accepted))
+        metrics.inc("replayssm:flushes_total", folds)
+        metrics.inc("replayssm:nonflush_steps_total", len(slots) - folds)
         metrics.inc("replayssm:accepted_records_total", sum(accepted))
         metrics.inc("replayssm:rollbacks_total", sum(p - a for p, a in zip(pend, accepted)))
 
@@ -292,7 +297,8 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._acc[0] += flush.sum()
         self._acc[1] += live.sum()
         self._acc[2] += torch.where(live, cur, torch.zeros_like(cur)).sum()
-        self._acc[3] = torch.where(live, cur + 1, torch.zeros_like(cur)).sum() / live.sum().clamp(min=1)
+        self._acc[3] = (torch.where(live, cur + 1, torch.zeros_like(cur)).sum() / live.sum().clamp(min=1)
+                        / self.replay.cfg.window)   # metric_names: committed records / window
         self._steps_since_metrics += 1
         if self._steps_since_metrics >= self._metrics_interval:
             self.flush_metrics()

@@ -1,0 +1,226 @@
+"""What every configuration of the real SGLang server is held to (the tests of one family call these)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import requests
+
+from .conftest import NEW_TOKENS, PROMPTS, SGLangServer, metric_value, prompt_ids
+
+# Logprobs of the tokens each configuration generated, against the stock SGLang server's logprobs for the same
+# prompts (its conventional decode, measured in the same session). transformers is the oracle for tokens, not for
+# logprobs: SGLang's own decode differs from transformers' full forward by up to ~0.04 nats on these models, in
+# stock SGLang as much as with the plugin (its prefill matches transformers to 1e-6 for Qwen3-Next).
+# Exact configurations (fp32 checkpoint and reads) must give stock's tokens, all of them, with logprobs within
+# EXACT_LOGPROB_TOL. Quantized reads (fp8 / nvfp4 read copy, fp16-sr checkpoint) must give logprobs within
+# QUANT_LOGPROB_TOL where their tokens agree with stock, and where they first part from stock the token they chose
+# must be one of stock's top tokens there, within QUANT_LOGPROB_TOL of stock's best (a near tie that the
+# quantization error may flip), never an unlikely token.
+EXACT_LOGPROB_TOL = 1e-4
+QUANT_LOGPROB_TOL = 0.1
+TOP = 8
+
+STOCK: dict[str, dict[str, dict]] = {}   # family -> prompt -> generate answer with logprobs
+
+
+def _answers(server: SGLangServer) -> dict[str, dict]:
+    return {p: server.generate_logprobs(prompt_ids(server, p), top=TOP) for p in PROMPTS}
+
+
+def record_stock(server: SGLangServer) -> None:
+    STOCK[server.family] = _answers(server)
+
+
+def logprobs_match_stock(server: SGLangServer, tol: float, exact: bool = True) -> float:
+    """Max |logprob - stock logprob| over the positions where the tokens agree with stock (see above)."""
+    assert server.family in STOCK, "the stock server's test of this family runs first"
+    worst = 0.0
+    for p, ans in _answers(server).items():
+        ref = STOCK[server.family][p]
+        toks, ref_toks = ans["output_ids"], ref["output_ids"]
+        lps = [float(x[0]) for x in ans["meta_info"]["output_token_logprobs"]]
+        ref_lps = [float(x[0]) for x in ref["meta_info"]["output_token_logprobs"]]
+        agree = next((i for i, (a, b) in enumerate(zip(toks, ref_toks)) if a != b), len(toks))
+        if exact:
+            assert agree == len(toks), f"{server.name}: {p!r}: token {agree} differs from stock SGLang's"
+        elif agree < len(toks):
+            top = {int(t): float(lp) for lp, t, *_ in ref["meta_info"]["output_top_logprobs"][agree]}
+            assert toks[agree] in top, f"{server.name}: {p!r}: token {agree} is not among stock's top {TOP}"
+            gap = max(top.values()) - top[toks[agree]]
+            assert gap <= tol, f"{server.name}: {p!r}: token {agree} is {gap:.3g} nats below stock's choice"
+        worst = max([worst] + [abs(a - b) for a, b in zip(lps[:agree], ref_lps[:agree])])
+    assert worst <= tol, f"{server.name}: logprobs differ from stock SGLang by {worst:.3g} > {tol}"
+    return worst
+
+
+# transformers is the oracle for tokens. SGLang's kernels and transformers' differ by float rounding (up to
+# ~3e-3 nats here), so where transformers' best token wins by less than TIE_NATS, either token is a correct
+# greedy choice: the comparison accepts the server's token there and stops (the continuations part).
+TIE_NATS = 0.02
+
+
+def _agrees_with_transformers(server: SGLangServer, ids: list[int], got: list[int]) -> str | None:
+    """None when ``got`` is transformers' greedy continuation of ``ids`` (up to a near tie), else why not."""
+    import torch
+
+    from .conftest import _hf_model
+
+    with torch.no_grad():
+        logits = _hf_model(str(server.model_dir))(torch.tensor([ids + got])).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    for i, tok in enumerate(got):
+        row = lp[len(ids) - 1 + i]
+        best = int(row.argmax())
+        if tok == best:
+            continue
+        gap = float(row[best] - row[tok])
+        if gap < TIE_NATS:
+            return None   # a near tie: both are greedy within rounding; what follows differs legitimately
+        return f"token {i}: {tok} where transformers' greedy token is {best} (by {gap:.3g} nats)"
+    return None
+
+
+def _hf_logprobs_after(server: SGLangServer, ids: list[int], i: int, a: list[int]):
+    import torch
+
+    from .conftest import _hf_model
+
+    with torch.no_grad():
+        logits = _hf_model(str(server.model_dir))(torch.tensor([ids + a[:i]])).logits[0, -1].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def same_greedy(server: SGLangServer, ids: list[int], a: list[int], b: list[int]) -> str | None:
+    """None when two greedy continuations of ``ids`` are equal, or equal up to a near tie (by transformers'
+    logprobs after their common prefix) where they part; else why not."""
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if i is None:
+        return None if len(a) == len(b) else f"lengths {len(a)} != {len(b)}"
+    lp = _hf_logprobs_after(server, ids, i, a)
+    gap = abs(float(lp[a[i]] - lp[b[i]]))
+    return None if gap < TIE_NATS else f"token {i}: {a[i]} vs {b[i]} ({gap:.3g} nats apart: not a tie)"
+
+
+def greedy_equals_transformers(server: SGLangServer) -> list[list[int]]:
+    """Each prompt alone, then all together in one batch: transformers' greedy tokens, the batch equal to
+    the solo answers. Returns the solo answers."""
+    solo = []
+    for p in PROMPTS:
+        ids = prompt_ids(server, p)
+        got = server.generate(ids)["output_ids"]
+        assert len(got) == NEW_TOKENS
+        why = _agrees_with_transformers(server, ids, got)
+        assert why is None, f"{server.name}: {p!r}: {why}"
+        solo.append(got)
+    batch = requests.post(server.url + "/generate", json={
+        "input_ids": [prompt_ids(server, p) for p in PROMPTS],
+        "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}, timeout=300)
+    assert batch.status_code == 200, batch.text
+    for p, one, r in zip(PROMPTS, solo, batch.json()):
+        why = same_greedy(server, prompt_ids(server, p), one, r["output_ids"])
+        assert why is None, f"{server.name}: {p!r}: batched answer differs from solo: {why}"
+    return solo
+
+
+def replayssm_counters(server: SGLangServer) -> dict[str, float]:
+    text = server.metrics()
+    names = ("replayssm:flushes_total", "replayssm:nonflush_steps_total", "replayssm:state_bytes_read_total",
+             "replayssm:accepted_records_total", "replayssm:rollbacks_total")
+    return {n: metric_value(text, n) for n in names}
+
+
+def concurrent_requests_equal_solo(server: SGLangServer, n: int) -> None:
+    """``n`` requests at once (more than --max-running-requests: some wait for a slot), each equal to the
+    same request served alone."""
+    texts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(n)]
+    want = {t: server.generate(prompt_ids(server, t))["output_ids"] for t in texts}
+    with cf.ThreadPoolExecutor(n) as pool:
+        got = dict(zip(texts, pool.map(lambda t: server.generate(prompt_ids(server, t))["output_ids"], texts)))
+    bad = [t for t in texts if same_greedy(server, prompt_ids(server, t), got[t], want[t]) is not None]
+    assert not bad, f"{server.name}: {len(bad)} of {n} concurrent answers differ from their solo answers: {bad}"
+
+
+def _flush_cache(server: SGLangServer) -> None:
+    r = requests.post(server.url + "/flush_cache", timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer) -> None:
+    """Turn 2 extends turn 1's prompt + answer: served from the radix cache (cached tokens reported), its
+    answer equal to the same request on an empty cache."""
+    turn1 = prompt_ids(server, PROMPTS[2])
+    _flush_cache(server)
+    answer1 = server.generate(turn1)["output_ids"]
+    turn2 = turn1 + answer1 + prompt_ids(server, "\n    return i")
+    _flush_cache(server)
+    uncached = server.generate(turn2)
+    assert uncached["meta_info"]["cached_tokens"] == 0
+    _flush_cache(server)
+    assert server.generate(turn1)["output_ids"] == answer1
+    cached = server.generate(turn2)
+    assert cached["meta_info"]["cached_tokens"] > 0, cached["meta_info"]
+    why = same_greedy(server, turn2, cached["output_ids"], uncached["output_ids"])
+    assert why is None, f"cached answer differs from uncached: {why}"
+
+
+def aborted_streams_harm_no_one(server: SGLangServer) -> None:
+    """Streams cut by their clients mid-generation: a request running beside them, and the same requests
+    sent again afterwards, equal their solo answers; the server stays healthy."""
+    import threading
+
+    victim_ids = prompt_ids(server, PROMPTS[0])
+    victim_solo = server.generate(victim_ids, max_new_tokens=60)["output_ids"]
+    cut_ids = [prompt_ids(server, f"{PROMPTS[1]} {i}") for i in range(3)]
+    solo = [server.generate(ids)["output_ids"] for ids in cut_ids]
+    result = {}
+    t = threading.Thread(target=lambda: result.update(v=server.generate(victim_ids, max_new_tokens=60)["output_ids"]))
+    t.start()
+    for ids in cut_ids:
+        with requests.post(server.url + "/generate", stream=True, timeout=300, json={
+                "input_ids": ids, "stream": True,
+                "sampling_params": {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+        # leaving the block closes the connection: SGLang aborts the request
+    t.join(300)
+    assert same_greedy(server, victim_ids, result["v"], victim_solo) is None
+    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+    for ids, one in zip(cut_ids, solo):
+        assert same_greedy(server, ids, server.generate(ids)["output_ids"], one) is None
+
+
+def openai_client_answers(server: SGLangServer) -> None:
+    """The `openai` client: completions and chat completions, greedy, equal to /generate on the same text."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    c = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    direct = requests.post(server.url + "/generate", timeout=300, json={
+        "text": PROMPTS[0], "sampling_params": {"max_new_tokens": 12, "temperature": 0}}).json()
+    assert c.choices[0].text == direct["text"]
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=8, temperature=0)
+    assert chat.choices[0].message.content is not None and chat.usage.completion_tokens >= 1
+
+
+def bench_serving_no_failures(server: SGLangServer, tmp_path) -> None:
+    """A bounded run of SGLang's own benchmark client (random token-id dataset, loopback): nothing fails."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.jsonl"
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
+           "--dataset-name", "random-ids", "--num-prompts", "12", "--random-input-len", "24",
+           "--random-output-len", "8", "--random-range-ratio", "0.5", "--request-rate", "inf",
+           "--max-concurrency", "6", "--tokenizer", str(server.model_dir), "--output-file", str(out),
+           "--disable-tqdm", "--seed", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["completed"] == 12, row
+    assert row.get("total_output_tokens", 0) > 0, row

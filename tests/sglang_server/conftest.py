@@ -1,0 +1,224 @@
+"""The real SGLang server, with and without our plugin, on this CPU machine (the CPU harness).
+
+One server runs at a time (``servers.get(name)`` stops the previous one): each is SGLang's whole stack
+(HTTP front end, tokenizer manager, scheduler with its radix cache and memory pools, model runner,
+detokenizer) started as a user would, ``python -m sglang_replayssm.launch --engine sglang --device cpu``
+(plugin on) or ``python -m sglang.launch_server`` under the harness (plugin off), on 127.0.0.1 and a
+free port. Tests of one configuration sit together in their module, so each configuration starts once.
+
+The oracle is ``transformers``: greedy tokens of the same checkpoint (``checks.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang", reason="the SGLang server tests need the sglang package (pip install -e .[test])")
+requests = pytest.importorskip("requests")
+
+from sglang_replayssm.cpu_harness import cpu_server_args, harness_env  # noqa: E402
+
+START_TIMEOUT_S = 300
+PROMPTS = ("The quick brown fox", "hello, world! How are you", "def main(argv):\n    for i in range(10):")
+NEW_TOKENS = 20
+
+# name -> (family, plugin on, extra argv, extra env)
+CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
+    "gdn-stock": ("qwen3_next", False, [], {}),
+    "gdn-sglang-replayssm": ("qwen3_next", False, ["--enable-linear-replayssm"], {}),
+    "gdn-L16": ("qwen3_next", True, ["--enable-metrics", "--max-running-requests", "4"], {}),
+    "gdn-L4-kernels": ("qwen3_next", True, ["--replayssm-window", "4"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
+    "gdn-L1-fp16sr-fp8": ("qwen3_next", True, ["--replayssm-window", "1", "--replayssm-ckpt-precision", "fp16-sr",
+                                               "--replayssm-read-copy", "fp8"], {}),
+    "gdn-ngram": ("qwen3_next", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
+                                       "NGRAM", "--speculative-num-draft-tokens", "4"], {}),
+    "m2-stock": ("nemotron_h", False, [], {}),
+    "m2-L4": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics"], {}),
+    "m2-L1-kernels": ("nemotron_h", True, ["--replayssm-window", "1"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
+    "m2-L16-nvfp4": ("nemotron_h", True, ["--replayssm-read-copy", "nvfp4"], {}),
+    "m2-ngram": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
+                                      "NGRAM", "--speculative-num-draft-tokens", "4"], {}),
+}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SGLangServer:
+    """One SGLang server process group, started by this test session (stopped by its own PID group)."""
+
+    def __init__(self, name: str, model_dir: Path, log_dir: Path):
+        family, plugin, extra, env_extra = CONFIGS[name]
+        self.name, self.family, self.plugin = name, family, plugin
+        self.model_dir = model_dir / family
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"{name}.log"
+        argv = ["--model-path", str(self.model_dir), "--device", "cpu", *extra]
+        if plugin:
+            cmd = [sys.executable, "-m", "sglang_replayssm.launch", "--engine", "sglang", "--host", "127.0.0.1",
+                   "--port", str(self.port), *argv]
+            env = dict(os.environ)
+        else:   # stock SGLang: its own launcher, the harness only (our plugin loads but stays inactive)
+            cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(self.port),
+                   *cpu_server_args(argv)]
+            env = harness_env()
+        env.pop("SGLANG_REPLAYSSM_OPTIONS", None)
+        env.update(env_extra)
+        self.cmd = cmd
+        self.started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        self._wait_healthy()
+        self.startup_s = time.monotonic() - self.started
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"{self.name}: not healthy after {START_TIMEOUT_S}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:   # the group SGLang's launcher spawned (schedulers, detokenizer): ours, by group id
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+    # -- requests --------------------------------------------------------------------------
+    def generate(self, input_ids, max_new_tokens: int = NEW_TOKENS, timeout: float = 300, **sampling) -> dict:
+        params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
+        r = requests.post(self.url + "/generate", json={"input_ids": input_ids, "sampling_params": params},
+                          timeout=timeout)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def generate_logprobs(self, input_ids, max_new_tokens: int = NEW_TOKENS, top: int = 0) -> dict:
+        params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
+        r = requests.post(self.url + "/generate", json={"input_ids": input_ids, "sampling_params": params,
+                                                        "return_logprob": True, "top_logprobs_num": top},
+                          timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def metrics(self) -> str:
+        r = requests.get(self.url + "/metrics", timeout=30)
+        assert r.status_code == 200, r.text
+        return r.text
+
+
+class Servers:
+    def __init__(self, model_dir: Path, log_dir: Path):
+        self.model_dir, self.log_dir = model_dir, log_dir
+        self.current: SGLangServer | None = None
+        self.startup_s: dict[str, float] = {}
+        self.failed: dict[str, str] = {}
+
+    def get(self, name: str) -> SGLangServer:
+        if self.current is not None and self.current.name == name:
+            return self.current
+        self.close()
+        if name in self.failed:
+            pytest.fail(f"{name} failed to start earlier:\n{self.failed[name]}")
+        try:
+            self.current = SGLangServer(name, self.model_dir, self.log_dir)
+        except RuntimeError as e:
+            self.failed[name] = str(e)
+            raise
+        self.startup_s[name] = self.current.startup_s
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> Path:
+    from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, write_checkpoint
+
+    out = tmp_path_factory.mktemp("tiny-sglang-models")
+    for fam in FAMILIES:
+        write_checkpoint(fam, out / fam, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def servers(tiny_models, tmp_path_factory):
+    s = Servers(tiny_models, tmp_path_factory.mktemp("sglang-server-logs"))
+    yield s
+    s.close()
+    if s.startup_s:
+        print("\nSGLang server start-up (s): " + json.dumps({k: round(v, 1) for k, v in s.startup_s.items()}))
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_model(model_dir: str):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model.eval()
+
+
+@functools.lru_cache(maxsize=None)
+def tokenize(model_dir: str, text: str) -> tuple[int, ...]:
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return tuple(tok(text, add_special_tokens=False).input_ids)
+
+
+def prompt_ids(server: SGLangServer, text: str) -> list[int]:
+    return list(tokenize(str(server.model_dir), text))
+
+
+def metric_value(text: str, name: str) -> float:
+    """Sum of a metric's samples (every label set) in a Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total, seen = 0.0, False
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                total += s.value
+                seen = True
+    assert seen, f"{name} not exported"
+    return total

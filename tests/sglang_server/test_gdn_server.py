@@ -1,0 +1,74 @@
+"""Qwen3-Next (Gated DeltaNet + MoE) served by the real SGLang server on CPU: stock, SGLang's own
+ReplaySSM, and our plugin at windows 1 / 4 / 16 with the reference ops and the Triton kernels (under
+Triton's interpreter), fp16-sr checkpoints with an fp8 read copy, and NGRAM speculative decoding."""
+
+from __future__ import annotations
+
+from . import checks
+
+
+def test_stock_sglang_equals_transformers(servers):
+    s = servers.get("gdn-stock")
+    checks.greedy_equals_transformers(s)
+    checks.record_stock(s)
+
+
+def test_sglang_own_linear_replayssm_equals_transformers(servers):
+    checks.greedy_equals_transformers(servers.get("gdn-sglang-replayssm"))
+
+
+def test_plugin_window16_equals_transformers(servers):
+    s = servers.get("gdn-L16")
+    checks.greedy_equals_transformers(s)
+    assert "ReplaySSM mamba pool (gdn" in s.log_path.read_text(errors="replace")
+
+
+def test_plugin_window16_logprobs_equal_stock(servers):
+    checks.logprobs_match_stock(servers.get("gdn-L16"), checks.EXACT_LOGPROB_TOL)
+
+
+def test_plugin_window16_concurrency_above_max_running(servers):
+    checks.concurrent_requests_equal_solo(servers.get("gdn-L16"), n=10)
+
+
+def test_plugin_window16_multi_turn_hits_the_radix_cache(servers):
+    checks.multi_turn_hits_cache_and_equals_uncached(servers.get("gdn-L16"))
+
+
+def test_plugin_window16_aborted_streams_harm_no_one(servers):
+    checks.aborted_streams_harm_no_one(servers.get("gdn-L16"))
+
+
+def test_plugin_window16_openai_client(servers):
+    checks.openai_client_answers(servers.get("gdn-L16"))
+
+
+def test_plugin_window16_bench_serving_no_failures(servers, tmp_path):
+    checks.bench_serving_no_failures(servers.get("gdn-L16"), tmp_path)
+
+
+def test_plugin_window16_metrics_move(servers):
+    s = servers.get("gdn-L16")
+    before = checks.replayssm_counters(s)
+    checks.greedy_equals_transformers(s)
+    after = checks.replayssm_counters(s)
+    assert after["replayssm:nonflush_steps_total"] > before["replayssm:nonflush_steps_total"]
+    assert after["replayssm:flushes_total"] > before["replayssm:flushes_total"]
+    assert after["replayssm:state_bytes_read_total"] > before["replayssm:state_bytes_read_total"]
+
+
+def test_plugin_triton_kernels_window4_equal_transformers(servers):
+    s = servers.get("gdn-L4-kernels")
+    checks.greedy_equals_transformers(s)
+    checks.logprobs_match_stock(s, checks.EXACT_LOGPROB_TOL)
+
+
+def test_plugin_window1_fp16sr_fp8_read_copy_logprobs(servers):
+    checks.logprobs_match_stock(servers.get("gdn-L1-fp16sr-fp8"), checks.QUANT_LOGPROB_TOL, exact=False)
+
+
+def test_plugin_ngram_speculative_equals_greedy(servers):
+    s = servers.get("gdn-ngram")
+    checks.greedy_equals_transformers(s)
+    counters = checks.replayssm_counters(s)
+    assert counters["replayssm:accepted_records_total"] > 0, counters
