@@ -61,6 +61,8 @@ class SchedulerOptions:
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     # Serve request router class; benchmarks swap in Serve's stock power-of-two router as a baseline
     request_router_class: str = ROUTER_CLASS
+    # --api-key: the router's /v1 routes need `Authorization: Bearer <key>`; every engine gets --api-key too
+    api_key: Optional[str] = dataclasses.field(default=None, repr=False)
 
     def validate(self) -> "SchedulerOptions":
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
@@ -77,6 +79,11 @@ class SchedulerOptions:
             raise SchedulerError("--replica-max-ongoing", f"must be >= 1, got {self.replica_max_ongoing}")
         if self.max_retries < 0:
             raise SchedulerError("--max-retries", f"must be >= 0, got {self.max_retries}")
+        from ..native.auth import check_key   # standard library only
+
+        why = check_key(self.api_key) if self.api_key is None or isinstance(self.api_key, str) else "must be a string"
+        if why:
+            raise SchedulerError("--api-key", why)
         try:
             self.policy.validate()
         except ValueError as e:
@@ -94,10 +101,12 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
         g.add_argument("--host", default="127.0.0.1")
         g.add_argument("--port", type=int, default=30000)
         g.add_argument("--engine", choices=ENGINES, default="native")
+        g.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer <key>' at the router (and at every engine)")
     g.add_argument("--replica-num-cpus", type=float, default=None,
                    help="CPUs Ray reserves per replica (default 1; 0 lets replicas share CPUs)")
     g.add_argument("--replica-num-gpus", type=float, default=None,
-                   help="GPUs per replica (default: 1 for --engine sglang, 0 for native)")
+                   help="GPUs per replica (default: 1 for --engine sglang, 0 for native and for --engine sglang --device cpu)")
     g.add_argument("--replica-max-ongoing", type=int, default=256,
                    help="requests Serve lets one replica hold at once (default 256)")
     g.add_argument("--route-policy", choices=POLICIES, default="pack",
@@ -127,6 +136,10 @@ def options_from_args(args: Any) -> SchedulerOptions:
     p = argparse.ArgumentParser(add_help=False)
     add_scheduler_args(p)
     sched, engine_argv = p.parse_known_args(engine_argv)
+    # --api-key (launch.py leaves it in engine_argv): the router's; build_app gives it to the engines again
+    keys = argparse.ArgumentParser(add_help=False)
+    keys.add_argument("--api-key", default=None)
+    key_ns, engine_argv = keys.parse_known_args(engine_argv)
 
     def pick(name, default=None):
         v = getattr(args, name, None)
@@ -135,7 +148,10 @@ def options_from_args(args: Any) -> SchedulerOptions:
         return default if v is None else v
 
     engine = pick("engine", "native")
-    gpus = pick("replica_num_gpus", 1.0 if engine == "sglang" else 0.0)
+    from ..cpu_harness import wants_cpu   # standard library only
+
+    on_gpu = engine == "sglang" and not wants_cpu(engine_argv)   # SGLang replicas with --device cpu: the CPU harness
+    gpus = pick("replica_num_gpus", 1.0 if on_gpu else 0.0)
     replicas = getattr(args, "replicas", None)
     pol = PolicyConfig(policy=pick("route_policy", "pack"), target_batch=pick("route_target_batch", 32),
                        imbalance_threshold=pick("route_imbalance_threshold", 8),
@@ -147,10 +163,26 @@ def options_from_args(args: Any) -> SchedulerOptions:
         replica_num_gpus=float(gpus), replica_max_ongoing=int(pick("replica_max_ongoing", 256)),
         max_retries=int(pick("max_retries", 3)), health_check_period_s=float(pick("health_check_period", 2.0)),
         log_dir=pick("replica_log_dir"), ray_metrics_port=pick("ray_metrics_port"), policy=pol,
+        api_key=key_ns.api_key if getattr(args, "api_key", None) is None else args.api_key,
     ).validate()
 
 
 # -- Ray connection ------------------------------------------------------------------------------
+def check_port_free(host: str, port: int) -> None:
+    """SchedulerError naming --port (or --host) when the router could not listen on host:port."""
+    import errno
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise SchedulerError("--port", f"{host}:{port} is already in use") from None
+            raise SchedulerError("--host", f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
 def _tcp_reachable(host: str, port: int, timeout: float = 3.0) -> Optional[str]:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -221,7 +253,17 @@ def build_app(opts: SchedulerOptions):
     from .ingress import RouterIngress
     from .replica import EngineReplica
 
-    engine = serve.deployment(EngineReplica).options(
+    from .engine_process import api_key_from_argv
+
+    engine_argv = list(opts.engine_argv)
+    if opts.api_key is not None:   # the engines get the router's key too
+        engine_argv += ["--api-key", opts.api_key]
+    replica_cls = EngineReplica
+    if api_key_from_argv(engine_argv) is not None:   # and their replicas send it (auth.py)
+        from .auth import KeyedEngineReplica
+
+        replica_cls = KeyedEngineReplica
+    engine = serve.deployment(replica_cls).options(
         name=ENGINE_DEPLOYMENT,
         num_replicas=opts.replicas,
         max_ongoing_requests=opts.replica_max_ongoing,
@@ -235,11 +277,11 @@ def build_app(opts: SchedulerOptions):
             request_routing_stats_period_s=opts.stats_period_s,
             request_routing_stats_timeout_s=10.0,
         ),
-    ).bind(opts.engine, list(opts.engine_argv), opts.startup_timeout_s, opts.log_dir)
+    ).bind(opts.engine, engine_argv, opts.startup_timeout_s, opts.log_dir)
     router = serve.deployment(RouterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=opts.router_max_ongoing,
         ray_actor_options={"num_cpus": 0},
-    ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries)
+    ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries, opts.api_key)
     return router
 
 
@@ -248,8 +290,15 @@ def app_builder(args: Dict[str, Any]):
     sglang_replayssm.scheduler.serve_app:app_builder`, e.g. KubeRay's serveConfigV2). `args` are the
     SchedulerOptions fields (replicas, engine, engine_argv, replica_num_gpus, ...) plus the policy
     fields prefixed `route_` (route_policy, route_target_batch, route_imbalance_threshold,
-    route_min_prefix_chars, route_spill, route_block_chars)."""
+    route_min_prefix_chars, route_spill, route_block_chars). `api_key_env: NAME` takes the router's
+    API key from the environment variable NAME (e.g. set from a Kubernetes Secret) instead of the
+    config file."""
     args = dict(args or {})
+    key_env = args.pop("api_key_env", None)
+    if key_env is not None:
+        if not isinstance(key_env, str) or not os.environ.get(key_env):
+            raise SchedulerError("api_key_env", f"the environment variable {key_env!r} is not set")
+        args["api_key"] = os.environ[key_env]
     pol = {k[len("route_"):]: v for k, v in list(args.items()) if k.startswith("route_")}
     for k in list(args):
         if k.startswith("route_"):
@@ -298,6 +347,8 @@ def launch_replicas(args: Any) -> int:
     A bad flag or an unreachable Ray cluster prints `error: --flag: reason` and returns 2."""
     try:
         opts = options_from_args(args)
+        if opts.ray_address in (None, "", "local"):   # the Serve proxy will listen on this host
+            check_port_free(opts.host, opts.port)
         connect_ray(opts)
         check_capacity(opts)
     except SchedulerError as e:

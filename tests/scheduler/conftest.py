@@ -1,4 +1,4 @@
-"""One real local Ray cluster + Serve application for the whole scheduler test session.
+"""One real local Ray cluster + Serve application for the scheduler tests (this package).
 
 Everything binds 127.0.0.1 (Ray node address forced to loopback, see scheduler/loopback.py), ports
 are picked at run time, usage stats and the dashboard are off, replicas reserve no CPU (2-core CI).
@@ -57,7 +57,7 @@ def session_pids():
     return pids
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")   # torn down before tests/sglang_server starts its own Ray cluster
 def cluster(tmp_path_factory):
     import ray
     from ray import serve

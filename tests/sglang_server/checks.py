@@ -17,8 +17,9 @@ from .conftest import NEW_TOKENS, PROMPTS, SGLangServer, metric_value, prompt_id
 # QUANT_LOGPROB_TOL where their tokens agree with stock, and where they first part from stock the token they chose
 # must be one of stock's top tokens there, within QUANT_LOGPROB_TOL of stock's best (a near tie that the
 # quantization error may flip), never an unlikely token.
-EXACT_LOGPROB_TOL = 1e-4
-QUANT_LOGPROB_TOL = 0.1
+EXACT_LOGPROB_TOL = 1e-3   # fp32 rounding (measured up to 9e-5: these random-weight models have large logits)
+QUANT_LOGPROB_TOL = 0.1    # fp8 e4m3 read copy (3 mantissa bits, one scale per row), fp16-sr checkpoint
+NVFP4_LOGPROB_TOL = 0.5    # NVFP4 read copy: e2m1 values (1 mantissa bit), one fp8 scale per 16 elements
 TOP = 8
 
 STOCK: dict[str, dict[str, dict]] = {}   # family -> prompt -> generate answer with logprobs
@@ -51,6 +52,7 @@ def logprobs_match_stock(server: SGLangServer, tol: float, exact: bool = True) -
             assert gap <= tol, f"{server.name}: {p!r}: token {agree} is {gap:.3g} nats below stock's choice"
         worst = max([worst] + [abs(a - b) for a, b in zip(lps[:agree], ref_lps[:agree])])
     assert worst <= tol, f"{server.name}: logprobs differ from stock SGLang by {worst:.3g} > {tol}"
+    print(f"\n{server.name}: max |logprob - stock SGLang's| = {worst:.3g} (tolerance {tol})")
     return worst
 
 

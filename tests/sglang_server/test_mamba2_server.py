@@ -36,7 +36,7 @@ def test_plugin_triton_kernels_window1_equal_transformers(servers):
 
 
 def test_plugin_window16_nvfp4_read_copy_logprobs(servers):
-    checks.logprobs_match_stock(servers.get("m2-L16-nvfp4"), checks.QUANT_LOGPROB_TOL, exact=False)
+    checks.logprobs_match_stock(servers.get("m2-L16-nvfp4"), checks.NVFP4_LOGPROB_TOL, exact=False)
 
 
 def test_plugin_ngram_speculative_equals_greedy(servers):
