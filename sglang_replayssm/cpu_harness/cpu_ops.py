@@ -215,15 +215,20 @@ _SCHEMAS = {
 }
 
 
-def register() -> None:
-    """Define and implement every op above in the ``sgl_kernel`` namespace (once per process; an op that
-    a real CPU build of sgl_kernel already defines is left alone)."""
-    global _LIB
-    if _LIB is not None:
-        return
-    _LIB = torch.library.Library("sgl_kernel", "FRAGMENT")
-    for name, (schema, fn) in _SCHEMAS.items():
+def register_schemas(schemas: dict) -> torch.library.Library:
+    """Define and implement ``{name: (schema, fn)}`` in the ``sgl_kernel`` namespace; an op that a real CPU
+    build of sgl_kernel already defines is left alone. Returns the library (keep it alive)."""
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name, (schema, fn) in schemas.items():
         if hasattr(torch.ops.sgl_kernel, name):
             continue
-        _LIB.define(schema)
-        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        lib.define(schema)
+        lib.impl(name, fn, "CompositeExplicitAutograd")
+    return lib
+
+
+def register() -> None:
+    """Every op above (once per process)."""
+    global _LIB
+    if _LIB is None:
+        _LIB = register_schemas(_SCHEMAS)

@@ -337,14 +337,9 @@ _SCHEMAS = {
 
 
 def register() -> None:
-    """Define and implement every op above in the ``sgl_kernel`` namespace (once per process; an op that
-    a real CPU build of sgl_kernel already defines is left alone)."""
+    """Every op above (once per process; see ``cpu_ops.register_schemas``)."""
     global _LIB
-    if _LIB is not None:
-        return
-    _LIB = torch.library.Library("sgl_kernel", "FRAGMENT")
-    for name, (schema, fn) in _SCHEMAS.items():
-        if hasattr(torch.ops.sgl_kernel, name):
-            continue
-        _LIB.define(schema)
-        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+    if _LIB is None:
+        from .cpu_ops import register_schemas
+
+        _LIB = register_schemas(_SCHEMAS)

@@ -36,7 +36,7 @@ from sglang_replayssm.flags import FlagError
 from sglang_replayssm.pool import ReplayStatePool, SSMGeometry
 
 from . import metrics
-from .ops import fold_fn
+from .ops import fold_fn, ops_kind
 from .options import active_options
 
 logger = logging.getLogger(__name__)
@@ -204,10 +204,10 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.mem_usage = (ours * (size + 1) + _tensor_bytes(self._intermediate_conv_window_phys)) / (1 << 30)
         budget = (size + 1) * (theirs_slot + theirs_spec)
         logger.info(
-            "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens): "
+            "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens, ops %s): "
             "%d bytes/slot vs SGLang %d bytes/slot + %d bytes/slot of per-draft snapshots; "
             "in SGLang's memory for %d sequences ReplaySSM fits %d",
-            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ours, theirs_slot, theirs_spec,
+            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops_kind(device), ours, theirs_slot, theirs_spec,
             size, budget // max(ours, 1) - 1)
 
     # ------------------------------------------------------------------ step bookkeeping

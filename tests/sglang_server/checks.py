@@ -132,6 +132,41 @@ def replayssm_counters(server: SGLangServer) -> dict[str, float]:
     return {n: metric_value(text, n) for n in names}
 
 
+def plugin_log_says(server: SGLangServer, *needles: str) -> None:
+    """The plugin's start-up line names the pool it built (family, window, precisions, ops)."""
+    log = server.log_path.read_text(errors="replace")
+    line = next((ln for ln in log.splitlines() if "ReplaySSM mamba pool (" in ln), "")
+    assert line, f"{server.name}: no ReplaySSM pool was built"
+    for n in needles:
+        assert n in line, f"{server.name}: {n!r} not in {line!r}"
+
+
+def metrics_move(server: SGLangServer) -> None:
+    """``/metrics`` (``--enable-metrics``): the replayssm: decode counters and SGLang's own sglang: counters move
+    with traffic."""
+    def sample():
+        text = server.metrics()
+        return {**replayssm_counters(server), "sglang:generation_tokens_total":
+                metric_value(text, "sglang:generation_tokens_total")}
+
+    before = sample()
+    greedy_equals_transformers(server)
+    after = sample()
+    for name in ("replayssm:nonflush_steps_total", "replayssm:flushes_total", "replayssm:state_bytes_read_total",
+                 "sglang:generation_tokens_total"):
+        assert after[name] > before[name], (name, before[name], after[name])
+
+
+def speculative_commits_by_pointer(server: SGLangServer) -> None:
+    """SGLang's own speculative worker with the plugin: greedy tokens, and the verify rows committed by
+    pointer moves (accepted records counted, rejected draft records rolled back)."""
+    before = replayssm_counters(server)
+    greedy_equals_transformers(server)
+    after = replayssm_counters(server)
+    assert after["replayssm:accepted_records_total"] > before["replayssm:accepted_records_total"], after
+    assert after["replayssm:rollbacks_total"] > before["replayssm:rollbacks_total"], after
+
+
 def concurrent_requests_equal_solo(server: SGLangServer, n: int) -> None:
     """``n`` requests at once (more than --max-running-requests: some wait for a slot), each equal to the
     same request served alone."""
