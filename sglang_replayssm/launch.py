@@ -66,19 +66,84 @@ def native_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-entries", type=int, default=None,
                    help="prompt-prefix states kept in idle pool slots (default: a quarter of the slots; 0: off)")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's weights")
+    p.add_argument("--tokenizer", choices=("auto", "byte"), default="auto",
+                   help="auto: the model folder's HuggingFace tokenizer (a folder without tokenizer files is "
+                        "refused unless it declares a byte-level model in replayssm_tokenizer.json); byte: the "
+                        "byte-level tokenizer (token i < 256 is byte i, 256 BOS, 257 EOS). Default auto")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer <key>' on every route but /health and /metrics "
+                        "(401 otherwise); default: no key")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     add_replayssm_args(p)
     return p
 
 
+def check_model_path(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--model-path (config.json and tokenizer) and --tokenizer; parser.error naming the flag."""
+    from pathlib import Path
+
+    from .native.config import HybridConfig, ModelConfigError
+    from .native.tokenizer import BYTE_MARKER, TOKENIZER_FILES, ByteTokenizer, tokenizer_kind
+
+    if ns.model_path and not ns.model_path.startswith("embedded"):
+        if not Path(ns.model_path).is_dir():
+            parser.error(f"--model-path: {ns.model_path} is not a directory")
+        if not (Path(ns.model_path) / "config.json").is_file():
+            parser.error(f"--model-path: {ns.model_path} has no config.json")
+        try:   # fail fast on a config the engine cannot serve (weights are checked by the engine)
+            cfg = HybridConfig.from_file(Path(ns.model_path) / "config.json")
+        except ModelConfigError as e:
+            parser.error(f"--model-path: {e}")
+        kind = tokenizer_kind(ns.model_path)
+        if ns.tokenizer == "auto" and kind is None:
+            parser.error(f"--model-path: {ns.model_path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                         f"add the model's tokenizer, or serve it with the byte-level tokenizer by passing "
+                         f"--tokenizer byte (or a {BYTE_MARKER} with {{\"tokenizer\": \"byte\"}} in the folder)")
+        if (ns.tokenizer == "byte" or kind == "byte") and cfg.vocab_size < ByteTokenizer.EOS + 1:
+            parser.error(f"--tokenizer: the byte-level tokenizer needs vocab_size >= {ByteTokenizer.EOS + 1}, "
+                         f"the model has {cfg.vocab_size}")
+    elif ns.model_path and ns.model_path not in ("embedded", "embedded:mamba2", "embedded:gdn"):
+        parser.error(f"--model-path: built-in models are 'embedded:mamba2' and 'embedded:gdn', got {ns.model_path!r}")
+
+
+def bind_port(host: str, port: int, parser: argparse.ArgumentParser):
+    """The listening socket, bound before the engine is built: a port in use is a `--port:` error at
+    once (exit 2), not a failure after the model loaded and the banner printed its URL."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET   # as uvicorn binds
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            parser.error(f"--port: {shown} is already in use")
+        if e.errno == errno.EACCES:
+            parser.error(f"--port: {shown}: permission denied (ports below 1024 need privileges)")
+        parser.error(f"--host: cannot listen on {shown} ({e.strerror or e})")
+    sock.set_inheritable(False)
+    return sock
+
+
 def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
-    """Validated EngineArgs; parser.error (exit 2, names the flag) on a bad value."""
+    """Validated EngineArgs; parser.error (exit 2, names the flag) on a bad value. The checks that
+    need no torch come first, so a bad flag fails before torch is imported."""
+    from .native.auth import check_key
+
+    if not 1 <= ns.port <= 65535:
+        parser.error(f"--port: must be in 1..65535, got {ns.port}")
+    why = check_key(getattr(ns, "api_key", None))
+    if why:
+        parser.error(f"--api-key: {why}")
+    check_model_path(ns, parser)
     import torch
 
     from .native.engine import EngineArgs
 
-    if not 1 <= ns.port <= 65535:
-        parser.error(f"--port: must be in 1..65535, got {ns.port}")
     device = ns.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -110,26 +175,11 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
         opts = ReplaySSMOptions.from_args(ns)
     except FlagError as e:
         parser.error(str(e))
-    if ns.model_path and not ns.model_path.startswith("embedded"):
-        from pathlib import Path
-
-        if not Path(ns.model_path).is_dir():
-            parser.error(f"--model-path: {ns.model_path} is not a directory")
-        if not (Path(ns.model_path) / "config.json").is_file():
-            parser.error(f"--model-path: {ns.model_path} has no config.json")
-        from .native.config import HybridConfig, ModelConfigError
-
-        try:   # fail fast on a config the engine cannot serve (weights are checked by the engine)
-            HybridConfig.from_file(Path(ns.model_path) / "config.json")
-        except ModelConfigError as e:
-            parser.error(f"--model-path: {e}")
-    elif ns.model_path and ns.model_path not in ("embedded", "embedded:mamba2", "embedded:gdn"):
-        parser.error(f"--model-path: built-in models are 'embedded:mamba2' and 'embedded:gdn', got {ns.model_path!r}")
     return EngineArgs(model_path=ns.model_path, device=device, dtype=ns.dtype, max_running_requests=slots,
                       max_model_len=ns.context_length, chunk_size=ns.chunked_prefill_size,
                       speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
                       speculative_disable_by_batch_size=ns.speculative_disable_by_batch_size, replayssm=opts, seed=ns.seed,
-                      prefix_cache_entries=cache)
+                      prefix_cache_entries=cache, tokenizer=ns.tokenizer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,10 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = native_parser()
     ns = parser.parse_args(argv)
+    sock = bind_port(ns.host, ns.port, parser) if 1 <= ns.port <= 65535 else None   # else a --port error below
     args = engine_args_from(ns, parser)
     from .native.server import serve
 
-    serve(args, host=ns.host, port=ns.port, log_level=ns.log_level)
+    serve(args, host=ns.host, port=ns.port, log_level=ns.log_level, api_key=ns.api_key, sock=sock)
     return 0
 
 

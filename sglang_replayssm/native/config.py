@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 
@@ -25,6 +26,77 @@ class ModelConfigError(ValueError):
 NEMOTRON_PATTERN = {"M": "ssm", "*": "attention", "-": "mlp", "E": "moe"}
 NEMOTRON_TYPES = {"mamba": "ssm", "linear_attention": "ssm", "attention": "attention",
                   "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
+HF_NAMES = {   # HybridConfig field -> the config.json key it is read from, per arch
+    "nemotron_h": dict(ssm_heads="mamba_num_heads", ssm_head_v_dim="mamba_head_dim", ssm_head_k_dim="ssm_state_size",
+                       ssm_k_heads="n_groups", norm_eps="layer_norm_epsilon"),
+    "qwen3_next": dict(ssm_heads="linear_num_value_heads", ssm_head_v_dim="linear_value_head_dim",
+                       ssm_head_k_dim="linear_key_head_dim", ssm_k_heads="linear_num_key_heads",
+                       conv_kernel="linear_conv_kernel_dim", norm_eps="rms_norm_eps"),
+}
+
+_REQUIRED = object()
+MAX_DIM = 1 << 31   # no dimension, head count or vocabulary of a servable model is this large
+
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:60] + "..."
+
+
+def _int(hf: dict, *keys, default=_REQUIRED, lo: int = 1):
+    """The first of `keys` present (and not null) as an integer in [lo, MAX_DIM); `default` when none is."""
+    for key in keys:
+        v = hf.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelConfigError(f"config.json: {key} must be an integer, got {_show(v)}")
+        if not lo <= v < MAX_DIM:
+            raise ModelConfigError(f"config.json: {key} must be an integer in [{lo}, {MAX_DIM}), got {_show(v)}")
+        return v
+    if default is _REQUIRED:
+        raise ModelConfigError(f"config.json: missing required key {keys[0]!r}")
+    return default
+
+
+def _num(hf: dict, key: str, default: float, lo: float = 0.0, hi: float = float("inf"), lo_open: bool = True) -> float:
+    """A finite number in (lo, hi] (or [lo, hi] with lo_open=False); `default` when absent or null."""
+    v = hf.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ModelConfigError(f"config.json: {key} must be a finite number, got {_show(v)}")
+    if v < lo or (lo_open and v == lo) or v > hi:
+        raise ModelConfigError(f"config.json: {key} must be in {'(' if lo_open else '['}{lo}, {hi}], got {_show(v)}")
+    return float(v)
+
+
+def _bool(hf: dict, key: str, default: bool) -> bool:
+    v = hf.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ModelConfigError(f"config.json: {key} must be true or false, got {_show(v)}")
+    return v
+
+
+def _str(hf: dict, key: str, default: str) -> str:
+    v = hf.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise ModelConfigError(f"config.json: {key} must be a string, got {_show(v)}")
+    return v
+
+
+def _list(hf: dict, key: str, kind: type, what: str):
+    """A list whose every item is a `kind` (never a bool), or None when absent or null."""
+    v = hf.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, kind) and not isinstance(x, bool) for x in v):
+        raise ModelConfigError(f"config.json: {key} must be a list of {what}, got {_show(v)}")
+    return v
 
 
 @dataclasses.dataclass
@@ -85,29 +157,52 @@ class HybridConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def hf_name(self, field: str) -> str:
+        """The config.json key a field comes from (for error messages)."""
+        names = HF_NAMES.get(self.arch, {})
+        return f"{names[field]} ({field})" if field in names else field
+
     def validate(self) -> "HybridConfig":
         def need(cond, msg):
             if not cond:
-                raise ModelConfigError(msg)
+                raise ModelConfigError("config.json: " + msg)
+        n = self.hf_name
         need(self.arch in ("nemotron_h", "qwen3_next"), f"unknown arch {self.arch!r}")
-        need(self.vocab_size > 0 and self.hidden_size > 0, "vocab_size and hidden_size must be positive")
+        for name in ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "intermediate_size", "ssm_heads", "ssm_head_v_dim", "ssm_head_k_dim", "ssm_k_heads", "conv_kernel"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool) and 0 < v < MAX_DIM,
+                 f"{n(name)} must be a positive integer, got {_show(v)}")
+        need(isinstance(self.rotary_dim, int) and self.rotary_dim >= 0, f"rotary_dim must be >= 0, got {self.rotary_dim!r}")
+        need(isinstance(self.norm_eps, (int, float)) and not isinstance(self.norm_eps, bool)
+             and math.isfinite(self.norm_eps) and self.norm_eps > 0,
+             f"norm_eps must be a positive number, got {self.norm_eps!r}")
+        need(all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in self.eos_token_id),
+             f"eos_token_id must be non-negative integers, got {_show(self.eos_token_id)}")
         bad = sorted(set(self.blocks) - {"ssm", "attention", "mlp"})
-        need(not bad, f"layer kinds {bad} are not supported by the native engine (MoE layers are not)")
+        where = "num_experts" if self.arch == "qwen3_next" else "hybrid_override_pattern / layers_block_type"
+        need(not bad, f"layer kinds {bad} ({where}) are not supported by the native engine (MoE layers are not)")
         need(self.num_ssm_layers > 0, "the model has no SSM layers: nothing for ReplaySSM to do")
         need(self.ssm_heads % self.ssm_k_heads == 0,
-             f"SSM heads ({self.ssm_heads}) must be a multiple of the key heads/groups ({self.ssm_k_heads})")
+             f"the SSM heads, {n('ssm_heads')} = {self.ssm_heads}, must be a multiple of the key heads/groups, "
+             f"{n('ssm_k_heads')} = {self.ssm_k_heads}")
         if self.num_attn_layers:
             need(self.num_attention_heads % self.num_key_value_heads == 0,
-                 "num_attention_heads must be a multiple of num_key_value_heads")
-            need(self.rotary_dim % 2 == 0 and self.rotary_dim <= self.head_dim, "bad rotary dimension")
+                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
+                 f"({self.num_key_value_heads})")
+            need(self.rotary_dim % 2 == 0 and self.rotary_dim <= self.head_dim,
+                 f"bad rotary dimension {self.rotary_dim} (head_dim {self.head_dim} x partial_rotary_factor)")
         need(self.mlp_act in ("relu2", "silu"), f"unsupported MLP activation {self.mlp_act!r}")
         return self
 
     # ------------------------------------------------------------------ HF config.json
     @classmethod
     def from_hf(cls, hf: dict) -> "HybridConfig":
-        archs = hf.get("architectures") or []
-        model_type = hf.get("model_type", "")
+        """Every field read is type- and range-checked: a wrong one is a ModelConfigError naming it."""
+        if not isinstance(hf, dict):
+            raise ModelConfigError(f"config.json: expected a JSON object, got {_show(hf)}")
+        archs = _list(hf, "architectures", str, "strings") or []
+        model_type = _str(hf, "model_type", "")
         if "text_config" in hf and isinstance(hf["text_config"], dict):   # Qwen3.5 multimodal wrapper
             inner = dict(hf["text_config"])
             inner.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
@@ -122,68 +217,77 @@ class HybridConfig:
             "the native engine serves NemotronHForCausalLM (Mamba-2) and Qwen3-Next/Qwen3.5 (Gated DeltaNet)")
 
     @staticmethod
-    def _req(hf: dict, *keys):
-        for key in keys:
-            if key in hf and hf[key] is not None:
-                return hf[key]
-        raise ModelConfigError(f"config.json: missing required key {keys[0]!r}")
-
-    @staticmethod
     def _eos(hf: dict) -> list:
         eos = hf.get("eos_token_id")
         if eos is None:
             return []
-        return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+        if isinstance(eos, list):
+            _list(hf, "eos_token_id", int, "token ids")
+            if any(e < 0 for e in eos):
+                raise ModelConfigError(f"config.json: eos_token_id must be token ids >= 0, got {_show(eos)}")
+            return list(eos)
+        if isinstance(eos, bool) or not isinstance(eos, int) or eos < 0:
+            raise ModelConfigError(f"config.json: eos_token_id must be a token id (an integer >= 0) or a list "
+                                   f"of them, got {_show(eos)}")
+        return [eos]
+
+    @staticmethod
+    def _layer_kinds(hf: dict, key: str, table: dict) -> list:
+        types = _list(hf, key, str, "strings")
+        bad = sorted(set(types or ()) - set(table))
+        if bad:
+            raise ModelConfigError(f"config.json: {key} has unknown layer types {bad}")
+        return types
 
     @classmethod
     def _from_nemotron_h(cls, hf: dict) -> "HybridConfig":
-        req = lambda *k: cls._req(hf, *k)  # noqa: E731
-        if hf.get("hybrid_override_pattern"):
-            pattern = hf["hybrid_override_pattern"]
+        pattern = _str(hf, "hybrid_override_pattern", "")
+        if pattern:
             bad = sorted(set(pattern) - set(NEMOTRON_PATTERN))
             if bad:
                 raise ModelConfigError(f"config.json: hybrid_override_pattern has unknown symbols {bad}")
             blocks = [NEMOTRON_PATTERN[c] for c in pattern]
         else:
-            types = hf.get("layers_block_type") or hf.get("layer_types")
+            types = (cls._layer_kinds(hf, "layers_block_type", NEMOTRON_TYPES)
+                     or cls._layer_kinds(hf, "layer_types", NEMOTRON_TYPES))
             if not types:
                 raise ModelConfigError("config.json: missing 'hybrid_override_pattern' (or 'layers_block_type')")
-            bad = sorted(set(types) - set(NEMOTRON_TYPES))
-            if bad:
-                raise ModelConfigError(f"config.json: unknown layer types {bad}")
             blocks = [NEMOTRON_TYPES[t] for t in types]
-        heads = req("num_attention_heads")
-        if hf.get("mamba_hidden_act", "silu") not in ("silu", "swish"):
-            raise ModelConfigError(f"config.json: mamba_hidden_act {hf['mamba_hidden_act']!r} is not supported (silu)")
+        heads = _int(hf, "num_attention_heads")
+        hidden = _int(hf, "hidden_size")
+        mamba_act = _str(hf, "mamba_hidden_act", "silu")
+        if mamba_act not in ("silu", "swish"):
+            raise ModelConfigError(f"config.json: mamba_hidden_act {mamba_act!r} is not supported (silu)")
         return cls(
-            arch="nemotron_h", vocab_size=req("vocab_size"), hidden_size=req("hidden_size"),
+            arch="nemotron_h", vocab_size=_int(hf, "vocab_size"), hidden_size=hidden,
             blocks=blocks, block_layer=list(range(len(blocks))),
-            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)), eos_token_id=cls._eos(hf),
-            num_attention_heads=heads, num_key_value_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf.get("attention_head_dim") or req("hidden_size") // heads,
-            attn_bias=bool(hf.get("attention_bias", False)),
-            intermediate_size=req("intermediate_size"), mlp_act=_act(hf.get("mlp_hidden_act", "relu2")),
-            mlp_bias=bool(hf.get("mlp_bias", False)),
-            ssm_heads=req("mamba_num_heads"), ssm_head_v_dim=req("mamba_head_dim"),
-            ssm_head_k_dim=req("ssm_state_size"), ssm_k_heads=hf.get("n_groups", hf.get("mamba_n_groups", 8)),
-            conv_kernel=hf.get("conv_kernel", hf.get("mamba_d_conv", 4)),
-            conv_bias=bool(hf.get("use_conv_bias", hf.get("mamba_conv_bias", True))),
-            ssm_proj_bias=bool(hf.get("use_bias", False)),
+            norm_eps=_num(hf, "layer_norm_epsilon", 1e-5),
+            tie_word_embeddings=_bool(hf, "tie_word_embeddings", False), eos_token_id=cls._eos(hf),
+            num_attention_heads=heads, num_key_value_heads=_int(hf, "num_key_value_heads", default=heads),
+            head_dim=_int(hf, "head_dim", "attention_head_dim", default=hidden // heads or 1),
+            attn_bias=_bool(hf, "attention_bias", False),
+            intermediate_size=_int(hf, "intermediate_size"),
+            mlp_act=_act(_str(hf, "mlp_hidden_act", "relu2"), "mlp_hidden_act"),
+            mlp_bias=_bool(hf, "mlp_bias", False),
+            ssm_heads=_int(hf, "mamba_num_heads"), ssm_head_v_dim=_int(hf, "mamba_head_dim"),
+            ssm_head_k_dim=_int(hf, "ssm_state_size"), ssm_k_heads=_int(hf, "n_groups", "mamba_n_groups", default=8),
+            conv_kernel=_int(hf, "conv_kernel", "mamba_d_conv", default=4),
+            conv_bias=_bool(hf, "use_conv_bias", _bool(hf, "mamba_conv_bias", True)),
+            ssm_proj_bias=_bool(hf, "use_bias", False),
         )
 
     @classmethod
     def _from_qwen3_next(cls, hf: dict) -> "HybridConfig":
-        req = lambda *k: cls._req(hf, *k)  # noqa: E731
-        n = req("num_hidden_layers")
-        types = hf.get("layer_types")
+        n = _int(hf, "num_hidden_layers")
+        types = _list(hf, "layer_types", str, "strings")
         if not types:
-            interval = hf.get("full_attention_interval", 4)
+            interval = _int(hf, "full_attention_interval", default=4)
             types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
         if len(types) != n:
             raise ModelConfigError(f"config.json: layer_types has {len(types)} entries, num_hidden_layers is {n}")
-        mlp_only = set(hf.get("mlp_only_layers") or [])
-        experts, sparse_step = hf.get("num_experts", 0) or 0, hf.get("decoder_sparse_step", 1) or 1
+        mlp_only = set(_list(hf, "mlp_only_layers", int, "layer indices") or [])
+        experts = _int(hf, "num_experts", default=0, lo=0)
+        sparse_step = _int(hf, "decoder_sparse_step", default=1, lo=0) or 1
         blocks, block_layer = [], []
         for i, t in enumerate(types):
             if t not in ("linear_attention", "full_attention"):
@@ -192,46 +296,59 @@ class HybridConfig:
             moe = experts > 0 and i not in mlp_only and (i + 1) % sparse_step == 0
             blocks.append("moe" if moe else "mlp")
             block_layer += [i, i]
-        rope = hf.get("rope_parameters") or {}
-        head_dim = hf.get("head_dim") or req("hidden_size") // req("num_attention_heads")
-        partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))
+        rope = hf.get("rope_parameters")
+        if rope is None:
+            rope = {}
+        elif not isinstance(rope, dict):
+            raise ModelConfigError(f"config.json: rope_parameters must be an object, got {_show(rope)}")
+        hidden, heads = _int(hf, "hidden_size"), _int(hf, "num_attention_heads")
+        head_dim = _int(hf, "head_dim", default=hidden // heads or 1)
+        partial = _num(rope, "partial_rotary_factor", _num(hf, "partial_rotary_factor", 0.25, hi=1.0), hi=1.0)
         rotary = int(head_dim * partial)
+        theta = _num(rope, "rope_theta", _num(hf, "rope_theta", 10000.0))
         return cls(
-            arch="qwen3_next", vocab_size=req("vocab_size"), hidden_size=req("hidden_size"),
-            blocks=blocks, block_layer=block_layer, norm_eps=hf.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)), eos_token_id=cls._eos(hf),
-            num_attention_heads=req("num_attention_heads"),
-            num_key_value_heads=hf.get("num_key_value_heads") or req("num_attention_heads"),
-            head_dim=head_dim, attn_bias=bool(hf.get("attention_bias", False)),
-            attn_output_gate=bool(hf.get("attn_output_gate", True)), qk_norm=True,
-            rotary_dim=rotary - rotary % 2, rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-            intermediate_size=req("intermediate_size"), mlp_act=_act(hf.get("hidden_act", "silu")), mlp_gated=True,
-            ssm_heads=req("linear_num_value_heads"), ssm_head_v_dim=req("linear_value_head_dim"),
-            ssm_head_k_dim=req("linear_key_head_dim"), ssm_k_heads=req("linear_num_key_heads"),
-            conv_kernel=hf.get("linear_conv_kernel_dim", 4), conv_bias=False,
+            arch="qwen3_next", vocab_size=_int(hf, "vocab_size"), hidden_size=hidden,
+            blocks=blocks, block_layer=block_layer, norm_eps=_num(hf, "rms_norm_eps", 1e-6),
+            tie_word_embeddings=_bool(hf, "tie_word_embeddings", False), eos_token_id=cls._eos(hf),
+            num_attention_heads=heads, num_key_value_heads=_int(hf, "num_key_value_heads", default=heads),
+            head_dim=head_dim, attn_bias=_bool(hf, "attention_bias", False),
+            attn_output_gate=_bool(hf, "attn_output_gate", True), qk_norm=True,
+            rotary_dim=rotary - rotary % 2, rope_theta=theta,
+            intermediate_size=_int(hf, "intermediate_size"), mlp_act=_act(_str(hf, "hidden_act", "silu"), "hidden_act"),
+            mlp_gated=True,
+            ssm_heads=_int(hf, "linear_num_value_heads"), ssm_head_v_dim=_int(hf, "linear_value_head_dim"),
+            ssm_head_k_dim=_int(hf, "linear_key_head_dim"), ssm_k_heads=_int(hf, "linear_num_key_heads"),
+            conv_kernel=_int(hf, "linear_conv_kernel_dim", default=4), conv_bias=False,
         )
 
     @classmethod
     def from_file(cls, path) -> "HybridConfig":
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            text = path.read_bytes().decode("utf-8")
         except FileNotFoundError:
             raise ModelConfigError(f"{path}: config.json not found") from None
+        except UnicodeDecodeError as e:
+            raise ModelConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except OSError as e:
+            raise ModelConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ModelConfigError(f"{path}: not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:   # a >4300-digit integer, nesting too deep
+            raise ModelConfigError(f"{path}: not valid JSON ({str(e)[:200] or type(e).__name__})") from None
         if not isinstance(data, dict):
             raise ModelConfigError(f"{path}: expected a JSON object")
         return cls.from_hf(data)
 
 
-def _act(name: str) -> str:
+def _act(name: str, key: str = "activation") -> str:
     if name in ("relu2", "squared_relu"):
         return "relu2"
     if name in ("silu", "swish"):
         return "silu"
-    raise ModelConfigError(f"config.json: unsupported activation {name!r}")
-
+    raise ModelConfigError(f"config.json: {key}: unsupported activation {name!r}")
 
 def embedded_config(family: str = "mamba2") -> HybridConfig:
     """The small built-in model served when no --model-path is given (byte-level vocabulary)."""

@@ -25,6 +25,7 @@ import torch
 from .. import metric_names
 from ..flags import ReplaySSMOptions
 from ..pool import ReplayStatePool, SSMGeometry
+from ..scheduler.prefix_tree import BLOCK_CHARS, MAX_REPORTED_BLOCKS, block_hashes   # pure Python, no ray
 from . import drafter, traffic
 from .config import embedded_config
 from .model import HybridModel, KVCache, random_weights
@@ -53,6 +54,7 @@ class EngineArgs:
     seed: int = 0
     prefix_cache_entries: int = 0        # prompt-prefix states kept in spare slots (0: off)
     kernels: str = "auto"                # auto (Triton on CUDA) | triton | reference
+    tokenizer: str = "auto"              # auto: the folder's HF tokenizer if it has one | byte (tokenizer.py)
 
     @property
     def served_name(self) -> str:
@@ -131,7 +133,7 @@ def build_model(args: EngineArgs):
     else:
         from .loader import load_model
         cfg, weights = load_model(args.model_path)
-        tok = load_tokenizer(args.model_path, cfg.vocab_size, cfg.eos_token_id)
+        tok = load_tokenizer(args.model_path, cfg.vocab_size, cfg.eos_token_id, mode=args.tokenizer)
     return cfg, HybridModel(cfg, weights, device=device, dtype=dtype), tok
 
 
@@ -272,6 +274,13 @@ class Engine:
         self.pool.fork(src, dst)
         self.kv.copy(src, dst)
 
+    def _prefix_blocks(self, key: list) -> list:
+        """The router's name for a cached prefix: chained hashes of its text's blocks (never the text)."""
+        try:
+            return block_hashes(self.tokenizer.decode(key), BLOCK_CHARS, MAX_REPORTED_BLOCKS)
+        except Exception:   # noqa: BLE001 - a report is no reason to fail the request
+            return []
+
     def _prefill_chunk(self, req: Request, events: list) -> None:
         start = req.prefilled
         end = min(start + self.args.chunk_size, len(req.prompt))
@@ -293,7 +302,8 @@ class Engine:
                 self.pool.free([self.cache.evict()])
             dst = self.pool.alloc(1)[0]
             self._fork(req.slot, dst)
-            self.cache.insert(req.prompt[:boundary], dst)
+            key = req.prompt[:boundary]
+            self.cache.insert(key, dst, self._prefix_blocks(key))
         if req.prefilled == len(req.prompt):
             self._emit(req, [self._sample(req, logits[0])], events)
 
@@ -478,7 +488,7 @@ class Engine:
                 "free_slots": self.pool.num_free + len(self.cache),   # cache entries yield to requests
                 "total_slots": total, "batch_size": self.last_batch, "ring_occupancy": self.ring_occupancy,
                 "pool_usage": len(self.running) / total, "cached_prefixes": self.cache.hashes(),
-                "cached_prefix_texts": [self.tokenizer.decode(k) for k in self.cache.entries],
+                "cached_prefix_blocks": {"block_chars": BLOCK_CHARS, "prefixes": self.cache.block_lists()},
                 "prefix_cache_hits": self.cache.hits, "prefix_cache_hit_tokens": self.cache.hit_tokens,
                 "gen_throughput": self.throughput(),
                 "time": time.time()}

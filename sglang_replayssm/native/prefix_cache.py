@@ -5,6 +5,11 @@ sequence (a prompt without its last token) and holds a slot with that sequence's
 (flushed, empty ring), conv state and KV cache (`pool.fork` + `KVCache.copy`). A new prompt that
 extends a key starts from a fork of the entry and prefills only the rest. Entries live in slots no
 running request needs: they are evicted (least recently used first) as soon as a request waits.
+
+What the engine reports about its entries (GET /v1/replayssm/load) names them without their text:
+`hashes()` (an id of each token sequence) and `block_lists()` (the chained block hashes of each
+entry's decoded text, `scheduler.prefix_tree.block_hashes`, which the Ray router's prefix tree is
+keyed by), computed once when the entry is inserted.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class PrefixCache:
     def __init__(self, max_entries: int, min_tokens: int = 8):
         self.max_entries, self.min_tokens = max_entries, min_tokens
         self.entries: OrderedDict[tuple, int] = OrderedDict()   # key -> slot, least recently used first
+        self.blocks: dict[tuple, list] = {}                      # key -> block hashes of its text
         self.hits = 0
         self.hit_tokens = 0
 
@@ -49,13 +55,18 @@ class PrefixCache:
             self.hit_tokens += best[1]
         return best
 
-    def insert(self, key, slot: int) -> None:
+    def insert(self, key, slot: int, blocks: list | None = None) -> None:
         self.entries[tuple(key)] = slot
+        self.blocks[tuple(key)] = list(blocks or ())
 
     def evict(self) -> int:
         """Drop the least recently used entry; returns its slot (for the caller to free)."""
-        _, slot = self.entries.popitem(last=False)
+        key, slot = self.entries.popitem(last=False)
+        self.blocks.pop(key, None)
         return slot
 
     def hashes(self) -> list[str]:
         return [prefix_hash(k) for k in self.entries]
+
+    def block_lists(self) -> list[list[str]]:
+        return [self.blocks.get(k, []) for k in self.entries]

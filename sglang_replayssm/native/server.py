@@ -2,7 +2,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (both with `stream`: SSE ending in
 `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/replayssm/load
-(load report for the Ray router). The engine runs in its own process (`engine_process.run_engine`)
+(load report for the Ray router: counts and hashes, never prompt text). With `--api-key` every route
+but /health and /metrics needs `Authorization: Bearer <key>` (a 401 otherwise; auth.py). The engine runs in its own process (`engine_process.run_engine`)
 reached through pyzmq; `EngineClient` routes its output events to the waiting requests.
 
 Every request body is checked before it reaches the engine: anything malformed (not JSON, NaN /
@@ -32,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..json_checks import field_of, find_invalid
 from .engine import EngineArgs
+from .auth import ApiKeyMiddleware
 from .engine_process import run_engine
 from .metrics import ServerMetrics
 
@@ -305,7 +307,7 @@ def parse_stream(body: dict) -> tuple[bool, bool]:
 
 
 # --------------------------------------------------------------------------- the app
-def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
+def create_app(client: EngineClient, banner: str | None = None, api_key: str | None = None) -> FastAPI:
     model_name = client.args.served_name
     metrics = ServerMetrics(lambda: client.stats, model_name)
 
@@ -323,6 +325,8 @@ def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
         await client.close()
 
     app = FastAPI(title="sglang-replayssm native engine", lifespan=lifespan)
+    if api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     async def read_json(request: Request) -> dict:
         raw = await request.body()
@@ -359,9 +363,10 @@ def create_app(client: EngineClient, banner: str | None = None) -> FastAPI:
     @app.get("/v1/replayssm/load")
     async def load():
         s = client.stats
+        # no prompt text: cached prefixes as ids and as the router's chained block hashes (prefix_tree.py)
         return {k: s.get(k, 0) for k in ("running", "waiting", "free_slots", "total_slots", "batch_size")} | {
             "cached_prefixes": list(s.get("cached_prefixes", [])),
-            "cached_prefix_texts": list(s.get("cached_prefix_texts", []))}
+            "cached_prefix_blocks": s.get("cached_prefix_blocks", {"block_chars": 0, "prefixes": []})}
 
     @app.get("/v1/replayssm/info")
     async def info():
@@ -473,17 +478,20 @@ BANNER = ("sglang-replayssm native engine: {model} ({arch}, {ssm_layers} SSM + {
           "{mode} window {window}, {backend} kernels, {device}/{dtype}, {slots} slots) at {url}")
 
 
-def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning") -> None:
+def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning",
+          api_key: str | None = None, sock=None) -> None:
+    """Serve until stopped. `sock`: a socket already bound to (host, port) (launch.py binds it before the
+    engine is built, so a port in use is a flag error at once, not after the model has loaded)."""
     import uvicorn
 
     client = EngineClient(args)
     url = f"http://{host}:{port}"
     banner = BANNER.replace("{url}", url)
-    app = create_app(client, banner)
+    app = create_app(client, banner, api_key)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=2))
     client.on_engine_exit = lambda: setattr(server, "should_exit", True)   # answer what is pending, then exit
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     if client.failed:
         sys.exit(1)

@@ -1,11 +1,35 @@
-"""Tokenizers of the native engine: a byte-level one (embedded model, checkpoints without tokenizer
-files) and a thin wrapper over a HuggingFace tokenizer when the model folder has one."""
+"""Tokenizers of the native engine: a byte-level one and a thin wrapper over a HuggingFace tokenizer.
+
+Which one a model folder gets (`tokenizer_kind`): its HuggingFace tokenizer when it has tokenizer
+files (TOKENIZER_FILES); the byte-level one when it declares it (BYTE_MARKER, a JSON file
+`{"tokenizer": "byte"}`, as the trained tiny models in assets/ do) or when the caller asks for it
+(`--tokenizer byte`). A folder with neither is refused by the server's launcher (a `--model-path:`
+error), never served with a tokenizer it was not trained with. The built-in model is byte-level.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+BYTE_MARKER = "replayssm_tokenizer.json"   # {"tokenizer": "byte"}: the folder's model is byte-level
+TOKENIZERS = ("auto", "byte")              # --tokenizer: the folder's own (auto) or the byte-level one
+
+
+def tokenizer_kind(model_path: str | None) -> str | None:
+    """Which tokenizer a model folder has: "hf", "byte", or None (it says nothing about one)."""
+    if not model_path:
+        return "byte"
+    folder = Path(model_path)
+    if any((folder / f).exists() for f in TOKENIZER_FILES):
+        return "hf"
+    try:
+        if json.loads((folder / BYTE_MARKER).read_text()).get("tokenizer") == "byte":
+            return "byte"
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
 
 
 class ByteTokenizer:
@@ -66,9 +90,12 @@ class HFTokenizer:
         return self.encode(text)
 
 
-def load_tokenizer(model_path: str | None, vocab_size: int, eos_ids=()):
-    """HF tokenizer when the folder has tokenizer files, else the byte-level tokenizer."""
-    if model_path and any((Path(model_path) / f).exists() for f in TOKENIZER_FILES):
+def load_tokenizer(model_path: str | None, vocab_size: int, eos_ids=(), mode: str = "auto"):
+    """mode "auto": the HF tokenizer when the folder has tokenizer files, else the byte-level one
+    (the launcher refuses a folder without either before it gets here); "byte": the byte-level one."""
+    if mode not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {mode!r}")
+    if mode == "auto" and tokenizer_kind(model_path) == "hf":
         tok = HFTokenizer(model_path)
     else:
         tok = ByteTokenizer(vocab_size)

@@ -33,6 +33,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def api_key_from_argv(argv: Sequence[str]) -> Optional[str]:
+    """The value of the last `--api-key K` / `--api-key=K` in an engine's arguments, or None."""
+    key = None
+    for i, a in enumerate(argv):
+        if a == "--api-key" and i + 1 < len(argv):
+            key = argv[i + 1]
+        elif a.startswith("--api-key="):
+            key = a[len("--api-key="):]
+    return key
+
+
 def engine_command(engine: str, port: int, engine_argv: Sequence[str], host: str = "127.0.0.1") -> List[str]:
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")

@@ -1,7 +1,8 @@
 """The OpenAI-compatible ingress: routing, streaming pass-through, retries with stream resume.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,
-GET /health, GET /metrics. Every request is streamed from the chosen engine replica (non-streaming
+GET /health, GET /metrics. With `--api-key` the /v1 routes need `Authorization: Bearer <key>` (a 401
+otherwise, counted as outcome `client_error`); /health and /metrics stay open. Every request is streamed from the chosen engine replica (non-streaming
 clients get the chunks assembled), which gives one code path for metrics and failure handling:
 
 * the replica is picked by the ReplaySSM request router (request_router.py, policy.py) from the
@@ -36,6 +37,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
 from ..json_checks import field_of, find_invalid
+from ..native.auth import UNAUTHORIZED_BODY, authorized
 from .metrics import RouterMetrics
 from .policy import PolicyConfig
 from . import state as _state  # module reference: Serve pickles the ingress class by value
@@ -184,12 +186,23 @@ def _attempt_body(kind: str, body: Dict[str, Any], sent_text: str, sent_tokens: 
 
 @serve.ingress(app)
 class RouterIngress:
-    def __init__(self, engine_handle, policy: Optional[Dict[str, Any]] = None, max_retries: int = 3):
+    def __init__(self, engine_handle, policy: Optional[Dict[str, Any]] = None, max_retries: int = 3,
+                 api_key: Optional[str] = None):
         _state.STATE.configure(PolicyConfig(**(policy or {})))
         self.engine = engine_handle.options(stream=True)
         self.engine_unary = engine_handle.options(stream=False)
         self.max_retries = max_retries
+        self.api_key = api_key
         self.metrics = RouterMetrics(_state.STATE)
+
+    def _unauthorized(self, request: Request, endpoint: Optional[str] = None) -> Optional[Response]:
+        """A 401 when --api-key is set and the request does not carry it, else None."""
+        if authorized(request.headers.get("authorization"), self.api_key):
+            return None
+        if endpoint:
+            self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
+        return Response(UNAUTHORIZED_BODY, status_code=401, media_type="application/json",
+                        headers={"www-authenticate": "Bearer"})
 
     # -- simple routes ----------------------------------------------------------------------
     @app.get("/health")
@@ -201,8 +214,8 @@ class RouterIngress:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
-    async def models(self):
-        return await self.engine_unary.models.remote()
+    async def models(self, request: Request):
+        return self._unauthorized(request) or await self.engine_unary.models.remote()
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
@@ -215,6 +228,9 @@ class RouterIngress:
     # -- the request path ---------------------------------------------------------------------
     async def _serve(self, kind: str, request: Request):
         endpoint = "completions" if kind == "completions" else "chat"
+        denied = self._unauthorized(request, endpoint)
+        if denied is not None:
+            return denied
         try:
             body = await request.json()
         except (ValueError, RecursionError):   # bad JSON or UTF-8, a >4300-digit integer, nesting

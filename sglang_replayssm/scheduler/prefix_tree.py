@@ -1,18 +1,43 @@
 """Router-side prefix tree: which replica has served (and so likely caches) which prompt prefix.
 
 ReplaySSM checkpoints (and attention KV) are per replica, so a request whose prompt starts with a
-prefix some replica has already processed is cheapest on that replica. The tree is keyed by prompt
-text cut into fixed-size character blocks; a node stands for the prefix made of the blocks on its
-path and remembers, per replica, when that replica last served it. Matching walks the blocks of a
-new prompt and reports, for each replica, how many leading characters it holds.
+prefix some replica has already processed is cheapest on that replica. The tree is keyed by *block
+hashes* of the prompt text, never by the text itself: the text is cut into fixed-size character
+blocks and block i is named by a chained hash, h_i = sha256(h_{i-1} + block_i) (first 16 hex digits
+shown), so one hash stands for the whole prefix up to the end of its block. A node stands for the
+prefix on its path and remembers, per replica, when that replica last served it. Matching walks the
+hashes of a new prompt and reports, for each replica, how many leading characters it holds.
+
+Engines report the prefixes they hold in the same form (`block_hashes`, e.g. the native engine's
+`cached_prefix_blocks` in GET /v1/replayssm/load): prompt text never leaves an engine, and a hash
+identifies a prefix only to someone who already has its text.
 
 Pure Python (no ray): used by the request router inside the ingress process and unit-tested alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
+
+BLOCK_CHARS = 16          # the default block size (engines report with it; see PolicyConfig.block_chars)
+HASH_HEX = 16             # hex digits of a block hash kept (64 bits: collisions only cost a cache miss)
+MAX_REPORTED_BLOCKS = 512  # an engine reports at most this many blocks (8192 characters) per prefix
+
+
+def block_hashes(text: str, block_chars: int = BLOCK_CHARS, max_blocks: Optional[int] = None) -> List[str]:
+    """Chained hashes of the full `block_chars`-character blocks of `text` (a shorter tail is dropped):
+    entry i is the first HASH_HEX hex digits of sha256(digest_{i-1} + UTF-8 of block i)."""
+    out: List[str] = []
+    digest = b""
+    stop = len(text) - block_chars + 1
+    if max_blocks is not None:
+        stop = min(stop, max_blocks * block_chars)
+    for i in range(0, stop, block_chars):
+        digest = hashlib.sha256(digest + text[i:i + block_chars].encode("utf-8", "surrogatepass")).digest()
+        out.append(digest.hex()[:HASH_HEX])
+    return out
 
 
 class _Node:
@@ -26,13 +51,13 @@ class _Node:
 
 
 class PrefixTree:
-    """Block-granular prefix tree over prompt text.
+    """Block-granular prefix tree over the chained block hashes of prompt text.
 
     block_chars: prefixes are tracked at multiples of this many characters (a prompt shorter than
     one block is not tracked). max_nodes: when exceeded, least recently used leaves are evicted.
     """
 
-    def __init__(self, block_chars: int = 16, max_nodes: int = 200_000, clock=time.monotonic):
+    def __init__(self, block_chars: int = BLOCK_CHARS, max_nodes: int = 200_000, clock=time.monotonic):
         if block_chars < 1:
             raise ValueError(f"block_chars must be >= 1, got {block_chars}")
         if max_nodes < 1:
@@ -46,20 +71,22 @@ class PrefixTree:
     def __len__(self) -> int:
         return self._num_nodes
 
-    def _blocks(self, text: str) -> Iterable[str]:
-        b = self.block_chars
-        for i in range(0, len(text) - b + 1, b):
-            yield text[i:i + b]
+    def hashes(self, text: str) -> List[str]:
+        return block_hashes(text, self.block_chars)
 
     def insert(self, text: str, replica: str) -> None:
         """Record that `replica` has processed `text` (and so every block prefix of it)."""
+        self.insert_hashes(self.hashes(text), replica)
+
+    def insert_hashes(self, hashes: Sequence[str], replica: str) -> None:
+        """Record a prefix given as its block hashes (`block_hashes` of its text, as engines report it)."""
         now = self._clock()
         node = self._root
-        for block in self._blocks(text):
-            child = node.children.get(block)
+        for h in hashes:
+            child = node.children.get(h)
             if child is None:
-                child = _Node(node, block)
-                node.children[block] = child
+                child = _Node(node, h)
+                node.children[h] = child
                 self._num_nodes += 1
             child.replicas[replica] = now
             node = child
@@ -71,16 +98,19 @@ class PrefixTree:
 
         Only replicas in `replicas` (when given) are reported; replicas with no match are absent.
         """
+        return self.match_hashes(self.hashes(text), replicas)
+
+    def match_hashes(self, hashes: Sequence[str], replicas: Optional[Iterable[str]] = None) -> Dict[str, int]:
         wanted = None if replicas is None else set(replicas)
         out: Dict[str, int] = {}
         node = self._root
         depth = 0
         now = self._clock()
-        for block in self._blocks(text):
-            node = node.children.get(block)
+        for h in hashes:
+            node = node.children.get(h)
             if node is None:
                 break
-            depth += len(block)
+            depth += self.block_chars
             alive = [r for r in node.replicas if wanted is None or r in wanted]
             if not alive:
                 break

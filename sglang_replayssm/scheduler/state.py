@@ -73,22 +73,25 @@ class RouterState:
     def update_stats(self, replica: str, stats: dict) -> None:
         """Merge a replica's routing stats: load numbers and the prefixes its engine reports.
 
-        `cached_prefix_texts` (a list of prompt-prefix texts the engine holds state for) is merged
-        into the prefix tree. `cached_prefixes` may be opaque ids (the native engine reports hashes
-        of token sequences, which the router cannot map to text without the tokenizer): it is only
-        counted, in the metrics."""
+        `cached_prefix_blocks` ({"block_chars": n, "prefixes": [[hash, ...], ...]}: each prefix the
+        engine holds state for, as the chained block hashes of its text, prefix_tree.block_hashes)
+        is merged into the prefix tree when its block size is the tree's. Engines never report
+        prompt text. `cached_prefixes` (the native engine's ids of token sequences) is only counted,
+        in the metrics."""
         if not isinstance(stats, dict) or not stats:
             return
         with self.lock:
             self.stats[replica] = stats
             self.stats_time[replica] = time.monotonic()
-            prefixes = stats.get("cached_prefix_texts")
+            report = stats.get("cached_prefix_blocks")
             version = stats.get("seq", 0)
-            if isinstance(prefixes, list) and self.applied_prefix_reports.get(replica) != version:
+            if (isinstance(report, dict) and report.get("block_chars") == self.tree.block_chars
+                    and isinstance(report.get("prefixes"), list)
+                    and self.applied_prefix_reports.get(replica) != version):
                 self.applied_prefix_reports[replica] = version
-                for p in prefixes:
-                    if isinstance(p, str):
-                        self.tree.insert(p, replica)
+                for hashes in report["prefixes"]:
+                    if isinstance(hashes, list) and all(isinstance(h, str) for h in hashes):
+                        self.tree.insert_hashes(hashes, replica)
 
     # -- request lifecycle ---------------------------------------------------------------------
     def routed_to(self, route_id: Optional[str], internal_id: Optional[str], replica: str) -> None:

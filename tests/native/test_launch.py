@@ -95,7 +95,8 @@ def test_broken_weights_fail_with_a_clear_message(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "model.safetensors").write_bytes(b"garbage")
     r = subprocess.run([sys.executable, "-m", "sglang_replayssm.launch", "--engine", "native", "--model-path",
-                        str(tmp_path), "--port", str(free_port())], capture_output=True, text=True, timeout=180)
+                        str(tmp_path), "--tokenizer", "byte", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=180)
     assert r.returncode != 0
     assert "model.safetensors: cannot read safetensors file" in r.stderr
 

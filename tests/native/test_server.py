@@ -163,7 +163,7 @@ def test_concurrent_requests_beyond_pool(server, client, reference_engine):
         json.loads(get(server[0] + "/v1/replayssm/load")[1])))
     assert load == {"running": 0, "waiting": 0, "free_slots": SLOTS, "total_slots": SLOTS,
                     "batch_size": load["batch_size"], "cached_prefixes": load["cached_prefixes"],
-                    "cached_prefix_texts": load["cached_prefix_texts"]}
+                    "cached_prefix_blocks": load["cached_prefix_blocks"]}
 
 
 def test_load_reports_cached_prefixes(server, client):
@@ -172,9 +172,13 @@ def test_load_reports_cached_prefixes(server, client):
         json.loads(get(server[0] + "/v1/replayssm/load")[1])))
     assert load and len(load["cached_prefixes"]) == 1
     assert all(len(h) == 12 and int(h, 16) >= 0 for h in load["cached_prefixes"])
-    # the same entry as text, which the Ray router merges into its prefix tree: a prefix of the prompt
-    (text,) = load["cached_prefix_texts"]
-    assert text and "a prompt long enough for the prefix cache".startswith(text)
+    # the same entry as the chained block hashes the Ray router's prefix tree is keyed by (never as text):
+    # the hashes of the prompt's leading blocks
+    from sglang_replayssm.scheduler.prefix_tree import block_hashes
+
+    blocks = load["cached_prefix_blocks"]
+    (hashes,) = blocks["prefixes"]
+    assert hashes and hashes == block_hashes("a prompt long enough for the prefix cache", blocks["block_chars"])[:len(hashes)]
 
 
 def test_chat_continue_final_message_resumes_exactly(client):

@@ -1,10 +1,13 @@
 """The deploy files parse and point at real code: the `ray up` YAML validates against Ray's own
-cluster-config schema; the KubeRay RayService's serveConfigV2 builds our Serve application."""
+cluster-config schema; the KubeRay RayService's serveConfigV2 builds our Serve application. Neither
+leaves the Ray dashboard open: `ray up` binds it to the head's 127.0.0.1; on KubeRay (whose operator
+must reach it) a NetworkPolicy admits only the operator to it; the router asks for an API key."""
 
 import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 import ray
 import yaml
 
@@ -16,19 +19,34 @@ def test_ray_cluster_yaml_matches_rays_schema():
     schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
     jsonschema.validate(cfg, schema)
     assert any("--metrics-export-port=8080" in c for c in cfg["head_start_ray_commands"])
+    (head,) = [c for c in cfg["head_start_ray_commands"] if "ray start --head" in c]
+    assert "--dashboard-host=127.0.0.1" in head.split()
+    assert "0.0.0.0" not in " ".join(cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"])
+    text = (DEPLOY / "ray-cluster.yaml").read_text()
+    assert "--host 0.0.0.0" in text and "--api-key" in text   # the documented router command has a key
 
 
-def test_rayservice_serve_config_builds_the_app():
+def _kuberay():
+    docs = list(yaml.safe_load_all((DEPLOY / "kuberay-rayservice.yaml").read_text()))
+    return {d["kind"]: d for d in docs}
+
+
+def test_rayservice_serve_config_builds_the_app(monkeypatch):
     from ray.serve.schema import ServeDeploySchema
 
-    from sglang_replayssm.scheduler.serve_app import ENGINE_DEPLOYMENT, ROUTER_DEPLOYMENT, app_builder
+    from sglang_replayssm.scheduler.serve_app import ENGINE_DEPLOYMENT, ROUTER_DEPLOYMENT, SchedulerError, app_builder
 
-    svc = yaml.safe_load((DEPLOY / "kuberay-rayservice.yaml").read_text())
+    svc = _kuberay()["RayService"]
     assert svc["apiVersion"] == "ray.io/v1" and svc["kind"] == "RayService"
     serve_cfg = yaml.safe_load(svc["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(serve_cfg)
     (app,) = serve_cfg["applications"]
     assert app["import_path"] == "sglang_replayssm.scheduler.serve_app:app_builder"
+    env = app["args"]["api_key_env"]
+    monkeypatch.delenv(env, raising=False)
+    with pytest.raises(SchedulerError, match=f"api_key_env: the environment variable '{env}' is not set"):
+        app_builder(app["args"])
+    monkeypatch.setenv(env, "k8s-secret-key")
     built = app_builder(app["args"])
     router = built._bound_deployment
     assert router._name == ROUTER_DEPLOYMENT
@@ -36,4 +54,32 @@ def test_rayservice_serve_config_builds_the_app():
     assert engine._name == ENGINE_DEPLOYMENT
     assert engine._deployment_config.num_replicas == app["args"]["replicas"]
     assert engine._replica_config.ray_actor_options["num_gpus"] == 1
-    assert engine._replica_config.init_args[:2] == ("sglang", app["args"]["engine_argv"])
+    assert engine._replica_config.init_args[:2] == ("sglang", app["args"]["engine_argv"] + ["--api-key", "k8s-secret-key"])
+    assert router._replica_config.init_args[3] == "k8s-secret-key"
+    # every Ray container gets the key from the Secret the header comment creates
+    cluster = svc["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    for pod in pods:
+        (c,) = pod["spec"]["containers"]
+        (var,) = [e for e in c["env"] if e["name"] == env]
+        assert var["valueFrom"]["secretKeyRef"] == {"name": "sglang-replayssm-api-key", "key": "api-key"}
+
+
+def test_rayservice_dashboard_is_reachable_only_by_the_operator():
+    docs = _kuberay()
+    head = docs["RayService"]["spec"]["rayClusterConfig"]["headGroupSpec"]
+    pol = docs["NetworkPolicy"]["spec"]
+    assert pol["policyTypes"] == ["Ingress"]
+    head_labels = head["template"]["metadata"]["labels"]
+    assert pol["podSelector"]["matchLabels"].items() <= head_labels.items()
+    dashboard_rules = [r for r in pol["ingress"] if any(p["port"] == 8265 for p in r.get("ports", []))]
+    assert dashboard_rules == [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "kuberay-operator"}}}], "ports": [{"protocol": "TCP", "port": 8265}]}]
+    for rule in pol["ingress"]:
+        if "from" not in rule:      # open to the whole cluster: only the router and the metrics
+            assert {p["port"] for p in rule["ports"]} == {8000, 8080}
+        elif rule not in dashboard_rules:   # all ports, but only from this Ray cluster's own pods
+            (peer,) = rule["from"]
+            assert peer == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang-replayssm"}}}
+            for g in docs["RayService"]["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+                assert g["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "sglang-replayssm"
