@@ -21,6 +21,7 @@ loopback.enable()  # before ray is imported anywhere in this process
 from sglang_replayssm.scheduler.engine_process import free_port  # noqa: E402
 from sglang_replayssm.scheduler.policy import PolicyConfig  # noqa: E402
 
+from .client import pids_with_env  # noqa: E402
 from .engine_setup import engine_argv  # noqa: E402
 
 NUM_REPLICAS = 2
@@ -37,24 +38,7 @@ SESSION = uuid.uuid4().hex
 
 def session_pids():
     """PIDs of live processes carrying this session's marker (this pytest process excluded)."""
-    needle = f"{MARKER}={SESSION}".encode()
-    pids = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{d}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue  # zombie: already dead
-        except OSError:
-            continue
-        pids[int(d)] = cmd
-    return pids
+    return pids_with_env(f"{MARKER}={SESSION}")
 
 
 @pytest.fixture(scope="package")   # torn down before tests/sglang_server starts its own Ray cluster

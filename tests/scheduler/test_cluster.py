@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 
-from .client import chunk_text, complete, parse_sse
+from .client import Stream, chunk_text, complete
 from .conftest import POLICY, session_pids
 
 LONG = 400          # tokens of a request that must still be running while the test looks
@@ -55,33 +55,8 @@ async def _engine_counter(client, name):
     return out
 
 
-class _Stream:
-    """A streaming completion running in the background; `started` once its first token arrived."""
-
-    def __init__(self, client, prompt, max_tokens):
-        self.started = asyncio.Event()
-        self.replica = self.route = None
-        self.lines = []
-        self.task = asyncio.create_task(self._run(client, prompt, max_tokens))
-
-    async def _run(self, client, prompt, max_tokens):
-        body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, **EXTRA}
-        async with client.stream("POST", "/v1/completions", json=body) as r:
-            assert r.status_code == 200
-            self.replica = r.headers["x-replayssm-replica"]
-            self.route = r.headers["x-replayssm-route"]
-            async for line in r.aiter_lines():
-                self.lines.append(line)
-                if line.startswith("data: ") and not self.started.is_set():
-                    self.started.set()
-        return parse_sse(self.lines)
-
-    async def cancel(self):
-        self.task.cancel()
-        try:
-            await self.task
-        except (asyncio.CancelledError, Exception):
-            pass
+def _Stream(client, prompt, max_tokens):
+    return Stream(client, {"prompt": prompt, "max_tokens": max_tokens, **EXTRA})
 
 
 def _run(coro):

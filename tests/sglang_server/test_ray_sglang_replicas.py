@@ -51,7 +51,7 @@ httpx = pytest.importorskip("httpx")
 yaml = pytest.importorskip("yaml")
 
 from sglang_replayssm.scheduler.engine_process import free_port  # noqa: E402
-from tests.scheduler.client import chunk_text, parse_sse  # noqa: E402
+from tests.scheduler.client import Stream, chunk_text, pids_with_env  # noqa: E402
 
 from .checks import TIE_NATS  # noqa: E402
 from .conftest import _hf_model, tokenize  # noqa: E402
@@ -85,23 +85,7 @@ KILL_TOKENS = 96
 # -- processes of this module's cluster ----------------------------------------------------------------
 def marked_pids() -> dict[int, str]:
     """Live processes carrying MARKER=SESSION (pytest excluded): pid -> command line."""
-    needle = f"{MARKER}={SESSION}".encode()
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{d}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                out[int(d)] = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
-        except OSError:
-            continue
-    return out
+    return {pid: cmd[:200] for pid, cmd in pids_with_env(f"{MARKER}={SESSION}").items()}
 
 
 def _environ_has(pid: int, entry: bytes) -> bool:
@@ -306,34 +290,9 @@ async def complete(client, prompt: str, max_tokens: int, **extra) -> dict:
             "finish": j["choices"][0]["finish_reason"]}
 
 
-class _Stream:
-    """A streamed completion in the background; ``started`` once its first token arrived."""
-
-    def __init__(self, client, prompt: str, max_tokens: int, **extra):
-        self.started = asyncio.Event()
-        self.replica = self.route = None
-        self.lines: list[str] = []
-        body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}, **GREEDY, **extra}
-        self.task = asyncio.create_task(self._run(client, body))
-
-    async def _run(self, client, body):
-        async with client.stream("POST", "/v1/completions", json=body) as r:
-            assert r.status_code == 200, await r.aread()
-            self.replica = r.headers["x-replayssm-replica"]
-            self.route = r.headers["x-replayssm-route"]
-            async for line in r.aiter_lines():
-                self.lines.append(line)
-                if line.startswith("data: ") and not self.started.is_set():
-                    self.started.set()
-        return parse_sse(self.lines)
-
-    async def cancel(self):
-        self.task.cancel()
-        try:
-            await self.task
-        except (asyncio.CancelledError, Exception):
-            pass
+def _Stream(client, prompt: str, max_tokens: int, **extra) -> Stream:
+    return Stream(client, {"prompt": prompt, "max_tokens": max_tokens,
+                           "stream_options": {"include_usage": True}, **GREEDY, **extra})
 
 
 async def _started(stream: _Stream, timeout: float = 120.0) -> _Stream:
