@@ -73,6 +73,12 @@ def native_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer <key>' on every route but /health and /metrics "
                         "(401 otherwise); default: no key")
+    p.add_argument("--max-request-bytes", type=int, default=8 << 20,
+                   help="largest request body accepted (larger: 413, never read past the limit); default "
+                        "8388608 (8 MiB)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM: seconds running requests get to finish (new ones get a 503) before the "
+                        "rest are ended with a 503 and the server exits 0 (default 30)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     add_replayssm_args(p)
     return p
@@ -95,6 +101,10 @@ def check_model_path(ns: argparse.Namespace, parser: argparse.ArgumentParser) ->
         except ModelConfigError as e:
             parser.error(f"--model-path: {e}")
         kind = tokenizer_kind(ns.model_path)
+        if ns.tokenizer == "auto" and kind == "hf" and importlib.util.find_spec("transformers") is None:
+            parser.error(f"--model-path: reading the tokenizer of {ns.model_path} needs the `transformers` "
+                         "package, which is not installed: pip install 'transformers>=5.0' (or pass "
+                         "--tokenizer byte for a byte-level model)")
         if ns.tokenizer == "auto" and kind is None:
             parser.error(f"--model-path: {ns.model_path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
                          f"add the model's tokenizer, or serve it with the byte-level tokenizer by passing "
@@ -139,6 +149,10 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     why = check_key(getattr(ns, "api_key", None))
     if why:
         parser.error(f"--api-key: {why}")
+    if ns.max_request_bytes < 1024:
+        parser.error(f"--max-request-bytes: must be >= 1024, got {ns.max_request_bytes}")
+    if not (0 <= ns.drain_timeout < float("inf")):
+        parser.error(f"--drain-timeout: must be a number of seconds >= 0, got {ns.drain_timeout}")
     check_model_path(ns, parser)
     import torch
 
@@ -217,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     args = engine_args_from(ns, parser)
     from .native.server import serve
 
-    serve(args, host=ns.host, port=ns.port, log_level=ns.log_level, api_key=ns.api_key, sock=sock)
+    serve(args, host=ns.host, port=ns.port, log_level=ns.log_level, api_key=ns.api_key, sock=sock,
+          max_request_bytes=ns.max_request_bytes, drain_timeout=ns.drain_timeout)
     return 0
 
 

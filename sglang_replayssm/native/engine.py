@@ -85,14 +85,20 @@ class Request:
     sent: int = 0                        # characters of output text already emitted
     finish_reason: str | None = None
     generator: torch.Generator | None = None
+    resumed: int = 0                     # output tokens that came with the request (a resume), prefilled
 
     @property
     def tokens(self) -> list:
         return self.prompt + self.output
 
     @property
+    def prefill_len(self) -> int:
+        """Tokens to prefill before decoding: the prompt, and the output a resumed request came with."""
+        return len(self.prompt) + self.resumed
+
+    @property
     def in_decode(self) -> bool:
-        return self.prefilled == len(self.prompt) and bool(self.output) and self.finish_reason is None
+        return self.prefilled == self.prefill_len and bool(self.output) and self.finish_reason is None
 
 
 class RequestError(ValueError):
@@ -177,8 +183,11 @@ class Engine:
         self._history = deque(maxlen=64)   # (time, generation_tokens) for the throughput gauge
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, prompt, params: SamplingParams, rid: str | None = None) -> Request:
-        """prompt: text, list of token ids, or {"messages": [...]} for chat."""
+    def add_request(self, prompt, params: SamplingParams, rid: str | None = None, resume=None) -> Request:
+        """prompt: text, list of token ids, or {"messages": [...]} for chat. resume: (output token ids,
+        characters of their text already delivered) of an answer cut elsewhere: they are prefilled
+        after the prompt and the request goes on as if it had produced them (max_tokens, stop strings
+        and the text emitted next count them), so the continuation is exactly the uncut answer's."""
         params = check_params(params)
         field = "messages" if isinstance(prompt, dict) else "prompt"
         try:
@@ -198,11 +207,25 @@ class Engine:
         if len(ids) >= self.args.max_model_len:
             raise RequestError(f"prompt: {len(ids)} tokens, the context length is {self.args.max_model_len}")
         req = Request(rid or f"r{next(self._ids)}", ids, params)
+        if resume is not None:
+            self._resume(req, *resume)
         if params.temperature > 0:
             req.generator = torch.Generator().manual_seed(
                 params.seed % (1 << 64) if params.seed is not None else torch.seed() % (2 ** 63))
         self.waiting.append(req)
         return req
+
+    def _resume(self, req: Request, out: list, text_chars: int) -> None:
+        if not (isinstance(out, list) and out and all(isinstance(t, int) and 0 <= t < self.cfg.vocab_size
+                                                      for t in out)):
+            raise RequestError(f"replayssm_resume.token_ids: expected token ids of the vocabulary (size "
+                               f"{self.cfg.vocab_size})")
+        if len(out) >= req.params.max_tokens or len(req.prompt) + len(out) >= self.args.max_model_len:
+            raise RequestError("replayssm_resume.token_ids: nothing left to generate (max_tokens or the context "
+                               "length reached)")
+        if not 0 <= text_chars <= len(self.tokenizer.decode(out)):
+            raise RequestError("replayssm_resume.text_chars: more characters than the token ids' text")
+        req.output, req.resumed, req.sent = list(out), len(out), text_chars
 
     def abort(self, rid: str) -> None:
         for q in (self.waiting, self.running):
@@ -236,7 +259,7 @@ class Engine:
             except Exception as e:   # noqa: BLE001 - this request fails, the others go on
                 self._fail(req, e, events)
         decoding = [r for r in self.running if r.in_decode]
-        for req in [r for r in self.running if r.prefilled < len(r.prompt) and r.finish_reason is None]:
+        for req in [r for r in self.running if r.prefilled < r.prefill_len and r.finish_reason is None]:
             try:
                 self._prefill_chunk(req, events)
             except Exception as e:   # noqa: BLE001
@@ -283,12 +306,12 @@ class Engine:
 
     def _prefill_chunk(self, req: Request, events: list) -> None:
         start = req.prefilled
-        end = min(start + self.args.chunk_size, len(req.prompt))
+        end = min(start + self.args.chunk_size, req.prefill_len)
         boundary = len(req.prompt) - 1         # prefix-cache key: the prompt without its last token
         caching = self.cache.wants(req.prompt[:boundary])
         if caching and start < boundary < end:
             end = boundary
-        chunk = req.prompt[start:end]
+        chunk = req.tokens[start:end]
         dev = self.model.device
         tokens = torch.tensor([chunk], device=dev)
         logits = self.model.forward(tokens, torch.tensor([start], device=dev),
@@ -304,7 +327,7 @@ class Engine:
             self._fork(req.slot, dst)
             key = req.prompt[:boundary]
             self.cache.insert(key, dst, self._prefix_blocks(key))
-        if req.prefilled == len(req.prompt):
+        if req.prefilled == req.prefill_len:
             self._emit(req, [self._sample(req, logits[0])], events)
 
     def _drafts(self, rows: list[Request]) -> list[list[int]]:

@@ -1,9 +1,18 @@
 """The native server's side of the engine process: starts it, sends it requests over pyzmq and routes
-its output events to the waiting requests (one asyncio queue per request)."""
+its output events to the waiting requests (one asyncio queue per request).
+
+Prompts are tokenized here, in the front end, in a thread pool (`encode`): the engine gets token ids
+only, so a large prompt never stalls the engine loop (every other request's decoding) nor the event
+loop (every other request's streaming); and a prompt longer than the context is refused (400)
+before the engine sees it. `tokenizer` is the model's tokenizer (the one the engine decodes with).
+
+Draining (`drain`, on SIGTERM): new requests get a 503, running ones may finish for a bounded time,
+then the rest are ended with a 503 error (an SSE error event, or a JSON error)."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import multiprocessing as mp
 import shutil
 import sys
@@ -14,12 +23,63 @@ import uuid
 import zmq
 import zmq.asyncio
 
-from .engine import EngineArgs
+from .engine import EMBEDDED_PREFIX, EngineArgs
 from .engine_process import run_engine
 from .openai_request import BadRequest
+from .tokenizer import ByteTokenizer, load_tokenizer
 
 SEND_TIMEOUT_S = 30.0   # longest a request waits for room in the queue to a live engine (then 503)
 SEND_RETRY_S = 0.005
+TOKENIZE_THREADS = 2    # prompts tokenized at once, beside the event loop
+DRAIN_ANSWER_S = 5.0    # after the drain timeout: how long the aborted requests get to receive their 503
+DRAINING = "the server is shutting down (draining): it accepts no new requests"
+
+
+def front_end_tokenizer(args: EngineArgs):
+    """(tokenizer, the model's vocabulary size): the tokenizer the engine process builds for `args`
+    (engine.build_model), without the model."""
+    from .config import HybridConfig, embedded_config
+
+    if not args.model_path or args.model_path.startswith(EMBEDDED_PREFIX):
+        family = args.model_path.split(":", 1)[1] if args.model_path and ":" in args.model_path else "mamba2"
+        vocab = embedded_config(family).vocab_size
+        return ByteTokenizer(vocab), vocab
+    cfg = HybridConfig.from_file(f"{args.model_path}/config.json")
+    return load_tokenizer(args.model_path, cfg.vocab_size, cfg.eos_token_id, mode=args.tokenizer), cfg.vocab_size
+
+
+def _tokenize(tokenizer, prompt, vocab_size: int, limit: int) -> list[int]:
+    """Checked token ids of a prompt: text, token ids, or {"messages": [...]} (chat); a BadRequest
+    naming the field otherwise. Runs in a worker thread, so no single step here may hold the GIL
+    long (a long C call would stall the event loop): a prompt over the context is refused from its
+    length before its ids are built where the tokenizer can count them (`count`)."""
+    field = "messages" if isinstance(prompt, dict) else "prompt"
+
+    def check_length(n: int) -> None:
+        if n >= limit:
+            raise BadRequest(f"{field}: {n} tokens, the context length is {limit}", field)
+
+    try:
+        if isinstance(prompt, dict):
+            ids = tokenizer.chat_prompt(prompt["messages"], prompt.get("continue_final_message", False))
+        elif isinstance(prompt, str):
+            if hasattr(tokenizer, "count"):
+                check_length(tokenizer.count(prompt))
+            ids = tokenizer.encode(prompt)
+        else:
+            check_length(len(prompt))
+            bad = [t for t in prompt if not 0 <= t < vocab_size][:5]
+            if bad:
+                raise BadRequest(f"prompt: token ids {bad} outside the vocabulary (size {vocab_size})", "prompt")
+            ids = list(prompt)
+    except BadRequest:
+        raise
+    except Exception as e:   # noqa: BLE001 - whatever the tokenizer makes of this input, it is this input's
+        raise BadRequest(f"{field}: cannot be tokenized ({type(e).__name__}: {str(e)[:200]})", field) from None
+    if not ids:
+        raise BadRequest("prompt: must not be empty", "prompt")
+    check_length(len(ids))
+    return ids
 
 
 class EngineClient:
@@ -49,10 +109,18 @@ class EngineClient:
         self.info: dict = {}
         self.stats: dict = {}
         self.ready = False
+        self.draining = False            # SIGTERM: no new requests (drain)
         self.failed: str | None = None   # why the engine did not start, or why it stopped
         self.closing = False
         self.on_engine_exit = None       # called once when the engine process dies while serving
         self._tasks: list[asyncio.Task] = []
+        self.tokenizer, self.vocab_size = front_end_tokenizer(args)
+        self.threads = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+
+    async def encode(self, prompt) -> list[int]:
+        """The prompt's token ids, tokenized and checked in a worker thread (`_tokenize`)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.threads, _tokenize, self.tokenizer, prompt, self.vocab_size, self.args.max_model_len)
 
     async def start(self, timeout: float = 600.0) -> dict:
         self.proc.start()
@@ -119,8 +187,10 @@ class EngineClient:
                     raise BadRequest(f"engine did not take the request in {SEND_TIMEOUT_S:.0f} s", status=503)
                 await asyncio.sleep(SEND_RETRY_S)
 
-    async def generate(self, prompt, params: dict):
-        """Async iterator over the events of one request."""
+    async def generate(self, prompt, params: dict, resume=None):
+        """Async iterator over the events of one request (resume: Engine.add_request's)."""
+        if self.draining:
+            raise BadRequest(DRAINING, status=503)
         if not self.ready:
             raise BadRequest("engine is not running", status=503)
         rid = uuid.uuid4().hex
@@ -128,12 +198,13 @@ class EngineClient:
         self.queues[rid] = q
         done = False
         try:
-            await self._send({"type": "add", "rid": rid, "prompt": prompt, "params": params})
+            await self._send({"type": "add", "rid": rid, "prompt": prompt, "params": params, "resume": resume})
             while True:
                 ev = await q.get()
-                done = "error" in ev or ev["finished"]
+                # the engine is done with it (an error it sent, or the end); not a 503 put here by drain()
+                done = ev.get("finished", False) or ("error" in ev and not ev.get("abort"))
                 yield ev
-                if done:
+                if done or "error" in ev:
                     return
         finally:
             self.queues.pop(rid, None)
@@ -143,8 +214,29 @@ class EngineClient:
                 except zmq.Again:
                     pass
 
+    async def drain(self, timeout: float) -> None:
+        """Stop admitting requests, wait up to `timeout` s for the running ones, then end the rest with
+        a 503 (and abort them in the engine) and give them DRAIN_ANSWER_S to receive it."""
+        self.draining = True
+        n = len(self.queues)
+        print(f"sglang-replayssm: draining: {n} request(s) in flight, waiting up to {timeout:g} s "
+              "(--drain-timeout)", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + timeout
+        while self.queues and time.monotonic() < deadline and self.ready:
+            await asyncio.sleep(0.05)
+        if self.queues:
+            print(f"sglang-replayssm: drain timeout: ending {len(self.queues)} request(s) with a 503",
+                  file=sys.stderr, flush=True)
+            for rid, q in list(self.queues.items()):
+                q.put_nowait({"rid": rid, "error": "the server is shutting down: the request was ended "
+                                                   "before it finished (drain timeout)", "status": 503, "abort": True})
+            deadline = time.monotonic() + DRAIN_ANSWER_S
+            while self.queues and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+
     async def close(self) -> None:
         self.closing = True
+        self.threads.shutdown(wait=False, cancel_futures=True)
         for t in self._tasks:
             t.cancel()
         if self.proc.is_alive():

@@ -1,12 +1,12 @@
 """The engine loop in its own process, connected to the HTTP front end by pyzmq.
 
-Front end -> engine (PUSH/PULL):  {"type": "add", "rid", "prompt", "params"} | {"type": "abort", "rid"}
+Front end -> engine (PUSH/PULL):  {"type": "add", "rid", "prompt", "params", "resume"} | {"type": "abort", "rid"}
                                   | {"type": "shutdown"}
 Engine -> front end (PUSH/PULL):  {"type": "ready", "info", "stats"} | {"type": "fatal", "error"}
                                   | {"type": "out", "events": [...], "stats": {...}}
 An event is the engine's output event (engine.Engine._emit), or {"rid", "error", "status"} for a
-request the engine refused (400) or failed (500). Stats go out with every step and at least twice a
-second when idle.
+request the engine refused (400) or failed (500). Stats go out with every step, right after an
+abort (so a freed slot shows at once), and at least twice a second when idle.
 
 Nothing one request does ends the loop: an unexpected exception while adding a request fails that
 request; `Engine.step` fails only the rows an error touched, and an exception that still escapes a
@@ -51,6 +51,7 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
         if os.getppid() != parent:   # the front end died without a shutdown message
             return
         events: list[dict] = []
+        aborted = False
         if pull.poll(0 if engine.has_work() else IDLE_POLL_MS):
             while True:
                 try:
@@ -63,9 +64,11 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
                     return
                 if msg["type"] == "abort":
                     engine.abort(msg["rid"])
+                    aborted = True
                 elif msg["type"] == "add":
                     try:
-                        engine.add_request(msg["prompt"], SamplingParams(**msg["params"]), rid=msg["rid"])
+                        engine.add_request(msg["prompt"], SamplingParams(**msg["params"]), rid=msg["rid"],
+                                           resume=msg.get("resume"))
                     except RequestError as e:
                         events.append({"rid": msg["rid"], "error": str(e), "status": 400})
                     except Exception as e:   # noqa: BLE001 - this request fails, the loop goes on
@@ -80,6 +83,6 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
                     events.append({"rid": req.rid, "error": _engine_error(e), "status": 500})
                     engine.abort(req.rid)
         now = time.monotonic()
-        if events or now - last_stats > STATS_PERIOD_S:
+        if events or aborted or now - last_stats > STATS_PERIOD_S:
             push.send_pyobj({"type": "out", "events": events, "stats": engine.stats()})
             last_stats = now

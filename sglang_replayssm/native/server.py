@@ -11,17 +11,28 @@ Infinity or a lone surrogate anywhere, a field of the wrong type or range) is a 
 starts with the field and whose `error.param` names it. When the engine process dies, the pending
 requests get a 503 and the server exits with status 1 (see `EngineClient`).
 
+Limits: a body larger than `--max-request-bytes` is a 413 (from Content-Length, or while a chunked
+body is read: it is never read past the limit); a prompt of the context length or more is a 400
+before it reaches the engine. Prompts are tokenized by the front end in worker threads
+(`EngineClient.encode`), never in the engine loop. A non-streaming request whose client disconnects
+is aborted in the engine at once (streams already were). SIGTERM drains (`DrainingServer`): new
+requests get a 503 and /health a 503 "draining"; running requests get `--drain-timeout` seconds to
+finish, then a 503 (streams: an SSE error event, then `data: [DONE]`); then the server exits 0.
+
 Request parsing lives in `openai_request.py`, the engine process's client in `engine_client.py`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,13 +40,60 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..json_checks import field_of, find_invalid
 from .auth import ApiKeyMiddleware
 from .engine import EngineArgs
-from .engine_client import EngineClient
+from .engine_client import DRAINING, EngineClient
 from .metrics import ServerMetrics
 from .openai_request import BadRequest, error_response, parse_messages, parse_prompt, parse_sampling, parse_stream
 
+MAX_REQUEST_BYTES = 8 << 20   # --max-request-bytes default: 8 MiB (a prompt of millions of characters)
+DRAIN_TIMEOUT_S = 30.0        # --drain-timeout default
+
+
+def _parse_body(raw: bytes) -> dict:
+    """The request body as a checked JSON object, or a BadRequest (400) naming the problem."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, bad UTF-8, a >4300-digit integer, nesting
+        raise BadRequest(f"request body is not valid JSON: {str(e)[:200] or type(e).__name__}")
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    bad = find_invalid(body)
+    if bad is not None:
+        raise BadRequest(f"{bad[0]}: {bad[1]}", field_of(bad[0]))
+    return body
+
+
+def parse_token_ids(body: dict) -> bool:
+    """`return_token_ids` (vLLM's extension): every choice (every stream chunk) also carries the
+    `token_ids` its text came from, so a router can resume a cut answer exactly (scheduler/resume.py)."""
+    v = body.get("return_token_ids")
+    if v is not None and not isinstance(v, bool):
+        raise BadRequest("return_token_ids: expected true or false", "return_token_ids")
+    return bool(v)
+
+
+def parse_resume(body: dict):
+    """`replayssm_resume` (our extension): {"token_ids": the output already delivered, "text_chars":
+    the characters of its text delivered} -> (ids, chars) for Engine.add_request, or None."""
+    v = body.get("replayssm_resume")
+    if v is None:
+        return None
+    ids, chars = (v.get("token_ids"), v.get("text_chars")) if isinstance(v, dict) else (None, None)
+    if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+        raise BadRequest("replayssm_resume: expected {\"token_ids\": [ids...], \"text_chars\": n}", "replayssm_resume")
+    if isinstance(chars, bool) or not isinstance(chars, int) or chars < 0:
+        raise BadRequest("replayssm_resume: text_chars must be an integer >= 0", "replayssm_resume")
+    return ids, chars
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client of a request whose body was read closes its connection."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
 
 # --------------------------------------------------------------------------- the app
-def create_app(client: EngineClient, banner: str | None = None, api_key: str | None = None) -> FastAPI:
+def create_app(client: EngineClient, banner: str | None = None, api_key: str | None = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     model_name = client.args.served_name
     metrics = ServerMetrics(lambda: client.stats, model_name)
 
@@ -56,25 +114,33 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
+    too_large = (f"request body: larger than this server's limit of {max_request_bytes} bytes "
+                 "(--max-request-bytes)")
+
     async def read_json(request: Request) -> dict:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:   # JSONDecodeError, bad UTF-8, a >4300-digit integer, nesting
-            raise BadRequest(f"request body is not valid JSON: {str(e)[:200] or type(e).__name__}")
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        bad = find_invalid(body)
-        if bad is not None:
-            raise BadRequest(f"{bad[0]}: {bad[1]}", field_of(bad[0]))
-        return body
+        """The body, never read past --max-request-bytes (413), parsed in a worker thread."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_request_bytes:
+            raise BadRequest(too_large, status=413)
+        chunks, size = [], 0
+        async for chunk in request.stream():   # a chunked body has no Content-Length: count it
+            size += len(chunk)
+            if size > max_request_bytes:
+                raise BadRequest(too_large, status=413)
+            chunks.append(chunk)
+        return await asyncio.get_running_loop().run_in_executor(client.threads, _parse_body, b"".join(chunks))
 
     @app.exception_handler(BadRequest)
     async def _bad(request, exc: BadRequest):
-        return error_response(exc.message, exc.status, exc.param)
+        response = error_response(exc.message, exc.status, exc.param)
+        if exc.status == 413:   # the rest of the body is not read: the connection cannot be reused
+            response.headers["connection"] = "close"
+        return response
 
     @app.get("/health")
     async def health():
+        if client.draining:
+            return PlainTextResponse("draining", status_code=503)
         if client.ready and client.proc.is_alive():
             return PlainTextResponse("ok")
         return PlainTextResponse("engine not running", status_code=503)
@@ -100,9 +166,10 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
     async def info():
         return client.info
 
-    async def run(prompt, params, stream: bool, chat: bool, include_usage: bool):
+    async def run(prompt, params, stream: bool, chat: bool, include_usage: bool, request: Request,
+                  token_ids: bool = False, resume=None):
         t0 = time.monotonic()
-        events = client.generate(prompt, params)
+        events = client.generate(prompt, params, resume)
         first = await events.__anext__()   # errors before any output become HTTP errors
         if "error" in first:
             raise BadRequest(first["error"], status=first["status"])
@@ -128,22 +195,39 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
                     "total_tokens": ev["prompt_tokens"] + ev["completion_tokens"]}
 
         if not stream:
-            text, ev = [], first
-            observe(ev)
-            text.append(ev["text"])
+            async def collect():
+                text, ids, ev = [], [], first
+                observe(ev)
+                text.append(ev["text"])
+                ids += ev["token_ids"]
+                try:
+                    while not ev["finished"]:
+                        ev = await events.__anext__()
+                        if "error" in ev:
+                            raise BadRequest(ev["error"], status=ev["status"])
+                        observe(ev)
+                        text.append(ev["text"])
+                        ids += ev["token_ids"]
+                finally:
+                    await events.aclose()   # before the end (cancelled: the client left): aborts it in the engine
+                return "".join(text), ids, ev
+
+            work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
             try:
-                while not ev["finished"]:
-                    ev = await events.__anext__()
-                    if "error" in ev:
-                        raise BadRequest(ev["error"], status=ev["status"])
-                    observe(ev)
-                    text.append(ev["text"])
+                await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
             finally:
-                await events.aclose()
-            body = "".join(text)
+                gone.cancel()
+            if not work.done():   # the client disconnected: free its slot now, answer no one
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                return Response(status_code=499)
+            body, ids, ev = work.result()
             choice = ({"index": 0, "message": {"role": "assistant", "content": body}} if chat
                       else {"index": 0, "text": body, "logprobs": None})
             choice["finish_reason"] = ev["finish_reason"]
+            if token_ids:
+                choice["token_ids"] = ids
             return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                     "model": model_name, "choices": [choice], "usage": usage(ev)}
 
@@ -155,6 +239,8 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": finish}
+            if token_ids and ev is not None:   # return_token_ids: the ids this chunk's text came from
+                choice["token_ids"] = ev["token_ids"]
             data = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
             return f"data: {json.dumps(data)}\n\n"
 
@@ -168,8 +254,8 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
                         yield f"data: {json.dumps({'error': {'message': ev['error'], 'code': ev['status']}})}\n\n"
                         break
                     observe(ev)
-                    if ev["text"] or ev["finished"]:
-                        yield chunk(ev["text"], ev["finish_reason"] if ev["finished"] else None)
+                    if ev["text"] or ev["finished"] or (token_ids and ev["token_ids"]):
+                        yield chunk(ev["text"], ev["finish_reason"] if ev["finished"] else None, ev)
                     if ev["finished"]:
                         if include_usage:
                             data = {"id": rid, "object": obj, "created": created, "model": model_name,
@@ -189,7 +275,11 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
         params = parse_sampling(body, chat=chat)
         prompt = parse_messages(body) if chat else parse_prompt(body)
         stream, include_usage = parse_stream(body)
-        return await run(prompt, params, stream, chat, include_usage)
+        if client.draining:   # before the tokenizer's work
+            raise BadRequest(DRAINING, status=503)
+        token_ids, resume = parse_token_ids(body), parse_resume(body)
+        ids = await client.encode(prompt)   # in a worker thread: never in the engine loop
+        return await run(ids, params, stream, chat, include_usage, request, token_ids, resume)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -206,19 +296,53 @@ BANNER = ("sglang-replayssm native engine: {model} ({arch}, {ssm_layers} SSM + {
           "{mode} window {window}, {backend} kernels, {device}/{dtype}, {slots} slots) at {url}")
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's Server whose SIGTERM / SIGINT drains (`EngineClient.drain`) before it stops, then
+    exits 0 (uvicorn would re-raise the signal); a second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, client: EngineClient, drain_timeout: float):
+        super().__init__(config)
+        self.client, self.drain_timeout = client, drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    def handle_exit(self, sig, frame) -> None:   # a signal handler: runs between the loop's callbacks
+        if self.client.draining or not self.client.ready or self._loop is None:
+            self.force_exit = self.client.draining   # a second signal while draining: stop now
+            self.should_exit = True
+            return
+        self.client.draining = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self.client.drain(self.drain_timeout)
+        finally:
+            self.should_exit = True
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+
 def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning",
-          api_key: str | None = None, sock=None) -> None:
-    """Serve until stopped. `sock`: a socket already bound to (host, port) (launch.py binds it before the
-    engine is built, so a port in use is a flag error at once, not after the model has loaded)."""
+          api_key: str | None = None, sock=None, max_request_bytes: int = MAX_REQUEST_BYTES,
+          drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
+    """Serve until stopped (SIGTERM / SIGINT: drain, then exit 0). `sock`: a socket already bound to
+    (host, port) (launch.py binds it before the engine is built, so a port in use is a flag error at
+    once, not after the model has loaded)."""
     import uvicorn
 
     client = EngineClient(args)
     url = f"http://{host}:{port}"
     banner = BANNER.replace("{url}", url)
-    app = create_app(client, banner, api_key)
+    app = create_app(client, banner, api_key, max_request_bytes)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=2))
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
+    server = DrainingServer(config, client, drain_timeout)
     client.on_engine_exit = lambda: setattr(server, "should_exit", True)   # answer what is pending, then exit
     server.run(sockets=[sock] if sock is not None else None)
     if client.failed:

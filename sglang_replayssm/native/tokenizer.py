@@ -47,6 +47,10 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return [self.BOS] + list(text.encode("utf-8"))
 
+    def count(self, text: str) -> int:
+        """len(encode(text)), without building the ids."""
+        return 1 + len(text.encode("utf-8"))
+
     def decode(self, ids) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
@@ -66,7 +70,11 @@ class HFTokenizer:
     name = "hf"
 
     def __init__(self, path: str):
-        from transformers import AutoTokenizer
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as e:   # a base dependency (pyproject.toml), but an install can lack it
+            raise RuntimeError(f"the tokenizer of {path} needs the `transformers` package, which is not "
+                               f"installed ({e}): pip install 'transformers>=5.0'") from None
 
         self.tok = AutoTokenizer.from_pretrained(path)
         self.vocab_size = len(self.tok)

@@ -1,17 +1,18 @@
 """The OpenAI-compatible ingress: routing, streaming pass-through, retries with stream resume.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,
-GET /health, GET /metrics. With `--api-key` the /v1 routes need `Authorization: Bearer <key>` (a 401
+GET /health (200 only once a request can be routed: an engine replica answered within
+HEALTH_TIMEOUT_S; 503 before, e.g. while the replicas still start), GET /metrics. With `--api-key` the /v1 routes need `Authorization: Bearer <key>` (a 401
 otherwise, counted as outcome `client_error`); /health and /metrics stay open. Every request is streamed from the chosen engine replica (non-streaming
 clients get the chunks assembled), which gives one code path for metrics and failure handling:
 
 * the replica is picked by the ReplaySSM request router (request_router.py, policy.py) from the
   payload's `route_key` (the prompt text);
 * when the replica dies or its engine stream is cut, the request is re-sent to another replica
-  (the failed ones are excluded) *resuming from the text already delivered*: prompt + generated
-  text (chat: the partial answer as a final assistant message with `continue_final_message`),
-  max_tokens reduced by the tokens already sent. The client sees one stream: same id, every token
-  once, and `data: [DONE]` only after a complete answer (an `error` event otherwise).
+  (the failed ones are excluded) *resuming from what was already delivered* (resume.py): exactly,
+  from the delivered token ids, on native engines; from the delivered text on SGLang. The client
+  sees one stream: same id, every token once, and `data: [DONE]` only after a complete answer (an
+  `error` event otherwise).
 
 A bad request is that request's error, never a replica failure: the router answers what it can
 check itself (a body that is not a JSON object, NaN / Infinity or a lone surrogate anywhere, the
@@ -22,7 +23,6 @@ messages; tracebacks and replica details go to the router's log.
 """
 
 import asyncio
-import copy
 import json
 import logging
 import time
@@ -40,6 +40,7 @@ from ..json_checks import field_of, find_invalid
 from ..native.auth import UNAUTHORIZED_BODY, authorized
 from .metrics import RouterMetrics
 from .policy import PolicyConfig
+from .resume import SGLANG_COMPLETION_MAX_TOKENS, max_tokens_of
 from . import state as _state  # module reference: Serve pickles the ingress class by value
 
 app = FastAPI(title="sglang-replayssm router")
@@ -47,6 +48,7 @@ logger = logging.getLogger("ray.serve")
 
 REPLICA_DOWN_STATUSES = (502, 503, 504)   # an engine that is not serving, not a bad request
 MESSAGE_CHARS = 300                       # longest engine message passed on to a client
+HEALTH_TIMEOUT_S = 3.0                    # /health: how long a replica may take to answer `ready`
 
 
 class _FinalError(Exception):
@@ -153,37 +155,6 @@ def _delta_text(kind: str, chunk: Dict[str, Any]) -> Tuple[str, Optional[str]]:
     return text, finish
 
 
-def _max_tokens(kind: str, body: Dict[str, Any]) -> Optional[int]:
-    """The token budget (checked an integer by _validate), or None."""
-    for k in ("max_tokens", "max_completion_tokens"):
-        if body.get(k) is not None:
-            return int(body[k])
-    return None
-
-
-def _attempt_body(kind: str, body: Dict[str, Any], sent_text: str, sent_tokens: int) -> Dict[str, Any]:
-    b = copy.deepcopy(body)
-    b["stream"] = True
-    # continuous_usage_stats (SGLang, vLLM): usage in every chunk, so a resume knows the exact number
-    # of tokens already sent even when one chunk carries several (speculative decoding); engines
-    # without it send one token per chunk and are counted chunk by chunk.
-    b["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    b.pop("n", None)
-    if sent_tokens == 0 and not sent_text:
-        return b
-    mt = _max_tokens(kind, body)
-    if mt is not None:
-        key = "max_completion_tokens" if body.get("max_tokens") is None and "max_completion_tokens" in body else "max_tokens"
-        b[key] = mt - sent_tokens
-    if kind == "completions":
-        b["prompt"] = body["prompt"] + sent_text
-    else:
-        b["messages"] = list(body["messages"]) + [{"role": "assistant", "content": sent_text}]
-        b["continue_final_message"] = True
-        b["add_generation_prompt"] = False
-    return b
-
-
 @serve.ingress(app)
 class RouterIngress:
     def __init__(self, engine_handle, policy: Optional[Dict[str, Any]] = None, max_retries: int = 3,
@@ -207,6 +178,15 @@ class RouterIngress:
     # -- simple routes ----------------------------------------------------------------------
     @app.get("/health")
     async def health(self):
+        """200 when a request sent now would reach a running engine replica, else 503."""
+        try:
+            ready = await asyncio.wait_for(self.engine_unary.ready.remote(), HEALTH_TIMEOUT_S)
+        except Exception as e:   # noqa: BLE001 - no replica yet (timeout), or one that is going away
+            logger.info("router: /health: no engine replica answered (%s)", _short(e))
+            ready = False
+        if not ready:
+            return Response(json.dumps({"status": "no engine replica is ready"}), status_code=503,
+                            media_type="application/json")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -312,7 +292,8 @@ class RouterIngress:
         start = time.monotonic()
         route_key = routing_key(kind, body)
         route_id = uuid.uuid4().hex
-        sent_text, sent_tokens = "", 0
+        sent_text, sent_tokens, sent_ids = "", 0, []
+        exact = False   # the replica resumes from token ids (its usage then counts every attempt)
         exclude: List[str] = []
         replicas: List[str] = []
         decision = None
@@ -322,7 +303,9 @@ class RouterIngress:
         finish = None
         usage = None
         model = body.get("model")
-        max_tokens = _max_tokens(kind, body)
+        max_tokens = max_tokens_of(body)
+        if max_tokens is None and kind == "completions":   # every engine's default for a completion
+            max_tokens = SGLANG_COMPLETION_MAX_TOKENS
         self.metrics.inflight.inc()
         try:
             while True:
@@ -336,7 +319,8 @@ class RouterIngress:
                                         "choices": [choice]}
                     break
                 payload = {"path": "/v1/completions" if kind == "completions" else "/v1/chat/completions",
-                           "body": _attempt_body(kind, body, sent_text, sent_tokens),
+                           "kind": kind, "body": body,
+                           "sent": {"text": sent_text, "tokens": sent_tokens, "token_ids": list(sent_ids)},
                            "route_key": route_key, "route_id": route_id, "exclude": list(exclude)}
                 replica = None
                 attempt_tokens = 0
@@ -347,6 +331,7 @@ class RouterIngress:
                         typ = ev["type"]
                         if typ == "meta":
                             replica = ev["replica"]
+                            exact = bool(ev.get("exact_resume"))
                             replicas.append(replica)
                             choice, _ = _state.STATE.pop_route(route_id)
                             if choice is not None:
@@ -369,6 +354,12 @@ class RouterIngress:
                                 usage = chunk["usage"]
                                 continue
                             chunk_usage = chunk.pop("usage", None)
+                            ids = ev.get("token_ids")
+                            if ids is not None:   # the engine names the tokens of each chunk: count them
+                                sent_ids += ids
+                                sent_tokens += len(ids)
+                                attempt_tokens += len(ids)
+                                self.metrics.tokens.inc(len(ids))
                             if stream_id is None:
                                 stream_id, created = chunk.get("id"), chunk.get("created")
                                 model = chunk.get("model")
@@ -383,12 +374,13 @@ class RouterIngress:
                                     self.metrics.itl.observe(now - last_tok)
                                 last_tok = now
                                 sent_text += text
-                                n = 1
-                                if isinstance(chunk_usage, dict) and chunk_usage.get("completion_tokens"):
-                                    n = max(1, int(chunk_usage["completion_tokens"]) - attempt_tokens)
-                                sent_tokens += n
-                                attempt_tokens += n
-                                self.metrics.tokens.inc(n)
+                                if ids is None:   # no token ids: one token per chunk, or as usage says
+                                    n = 1
+                                    if isinstance(chunk_usage, dict) and chunk_usage.get("completion_tokens"):
+                                        n = max(1, int(chunk_usage["completion_tokens"]) - attempt_tokens)
+                                    sent_tokens += n
+                                    attempt_tokens += n
+                                    self.metrics.tokens.inc(n)
                             if fin:
                                 finish = fin
                             yield "chunk", chunk
@@ -402,6 +394,11 @@ class RouterIngress:
                 except (asyncio.CancelledError, GeneratorExit, RequestCancelledError):
                     raise  # the client went away: nothing to retry
                 except Exception as e:  # noqa: BLE001 - replica died / engine cut the stream: go elsewhere
+                    cause = getattr(e, "cause", None) if isinstance(e, RayTaskError) else None
+                    if type(cause).__name__ == "ResumeError":
+                        logger.error("router: request %s cannot be resumed: %s", route_id, cause)
+                        raise _FinalError(502, _error_body(502, "the replica serving this request failed and "
+                                                                f"it cannot be resumed elsewhere: {cause}")) from None
                     if not _is_replica_failure(e):   # the replica raised on this request's content
                         logger.error("router: replica %s failed request %s; not retried", replica, route_id,
                                      exc_info=e)
@@ -421,7 +418,7 @@ class RouterIngress:
             if replicas:
                 _state.STATE.served(route_key + sent_text if kind == "completions"
                              else route_key + sent_text + "<|end|>", replicas[-1])
-            if usage is not None and retries:
+            if usage is not None and retries and not exact:   # text resume: usage of the last attempt
                 usage = dict(usage)
                 before = sent_tokens - (usage.get("completion_tokens") or 0)
                 usage["completion_tokens"] = sent_tokens

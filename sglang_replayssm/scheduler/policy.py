@@ -14,6 +14,10 @@ it can be read, unit-tested and benchmarked without Ray. In order:
    scaled down). Only when every replica is at `target_batch` does the policy spill:
 4. **Spill.** least loaded replica (or power of two random choices, `spill="power_of_two"`).
 
+`target_batch` None (the default) is each replica's own slot count (`total_slots` in its load
+report: the batch it decodes at once; DEFAULT_TARGET_BATCH for a replica that reports none): a
+fixed target above a replica's slots would queue requests on a full replica while another idles.
+
 `policy="spread"` replaces step 3 with step 4 (classic least-loaded), for comparison in bench/.
 Load = requests in flight on the replica (the larger of the router's own count and what the
 replica's engine reports as running + waiting).
@@ -34,12 +38,13 @@ LOAD_OVERRIDE = "load_override"
 PACK = "pack"
 SPILL = "spill"
 DECISIONS = (PREFIX_HIT, LOAD_OVERRIDE, PACK, SPILL)
+DEFAULT_TARGET_BATCH = 32   # target batch of a replica that reports no total_slots (target_batch None)
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
     policy: str = "pack"
-    target_batch: int = 32          # pack each replica up to this many requests before spilling
+    target_batch: Optional[int] = None   # pack each replica up to this many requests (None: its slots)
     imbalance_threshold: int = 8    # affinity replica overloaded when load - min_load >= this ...
     min_prefix_chars: int = 32      # ... shorter matches are not worth affinity
     spill: str = "least_loaded"
@@ -50,8 +55,9 @@ class PolicyConfig:
             raise ValueError(f"--route-policy must be one of {POLICIES}, got {self.policy!r}")
         if self.spill not in SPILLS:
             raise ValueError(f"--route-spill must be one of {SPILLS}, got {self.spill!r}")
-        if self.target_batch < 1:
-            raise ValueError(f"--route-target-batch must be >= 1, got {self.target_batch}")
+        if self.target_batch is not None and (isinstance(self.target_batch, bool)
+                                              or not isinstance(self.target_batch, int) or self.target_batch < 1):
+            raise ValueError(f"--route-target-batch must be an integer >= 1, got {self.target_batch!r}")
         if self.imbalance_threshold < 1:
             raise ValueError(f"--route-imbalance-threshold must be >= 1, got {self.imbalance_threshold}")
         if self.min_prefix_chars < 0:
@@ -69,15 +75,27 @@ class Choice:
     affinity: Optional[str] = None  # the replica holding the longest prefix, if any
 
 
+def target_batch(cfg: PolicyConfig, slots: Optional[int]) -> int:
+    """A replica's target batch: cfg.target_batch, else its slot count, else DEFAULT_TARGET_BATCH."""
+    if cfg.target_batch is not None:
+        return cfg.target_batch
+    if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1:
+        return slots
+    return DEFAULT_TARGET_BATCH
+
+
 def choose(loads: Dict[str, int], matches: Dict[str, int], cfg: PolicyConfig,
-           order: Optional[Sequence[str]] = None, rng: Optional[random.Random] = None) -> Choice:
+           order: Optional[Sequence[str]] = None, rng: Optional[random.Random] = None,
+           slots: Optional[Dict[str, int]] = None) -> Choice:
     """Rank the candidate replicas (keys of `loads`) for one request.
 
     loads: replica -> requests in flight; matches: replica -> matched prefix characters;
-    order: the fixed replica order used to break ties (default: sorted ids).
+    order: the fixed replica order used to break ties (default: sorted ids);
+    slots: replica -> its reported total_slots (the target batch when cfg.target_batch is None).
     """
     if not loads:
         raise ValueError("no candidate replicas")
+    target = {r: target_batch(cfg, (slots or {}).get(r)) for r in loads}
     order = list(order) if order is not None else sorted(loads)
     order = [r for r in order if r in loads] + sorted(r for r in loads if r not in set(order))
     pos = {r: i for i, r in enumerate(order)}
@@ -86,7 +104,7 @@ def choose(loads: Dict[str, int], matches: Dict[str, int], cfg: PolicyConfig,
         rest = [r for r in order if r != exclude]
         if not rest:
             return [], SPILL
-        filling = [r for r in rest if loads[r] < cfg.target_batch]
+        filling = [r for r in rest if loads[r] < target[r]]
         if cfg.policy == "pack" and filling:
             # fullest replica that still has room first, then the others by the same rule
             first = sorted(filling, key=lambda r: (-loads[r], pos[r]))
@@ -109,7 +127,7 @@ def choose(loads: Dict[str, int], matches: Dict[str, int], cfg: PolicyConfig,
             best, best_len = r, m
     if best is not None:
         others_min = min((loads[r] for r in loads if r != best), default=loads[best])
-        overloaded = (loads[best] >= cfg.target_batch
+        overloaded = (loads[best] >= target[best]
                       and loads[best] - others_min >= cfg.imbalance_threshold)
         if not overloaded:
             rest, _ = load_rank(exclude=best)

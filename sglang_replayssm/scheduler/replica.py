@@ -3,13 +3,21 @@
 Engine-agnostic: the replica starts `python -m sglang_replayssm.launch --engine {native,sglang}
 --host 127.0.0.1 --port P [engine args]` (engine_process.py), waits for GET /health, then
 
-* `generate(payload)`   streams one OpenAI request through the engine: first a `meta` event naming
-                        the replica, then one `chunk` event per SSE data object, then `done`; an
-                        engine 4xx/5xx answer becomes an `error` event; a cut stream raises.
+* `generate(payload)`   streams one OpenAI request through the engine (payload: path, kind, the
+                        client's body, what earlier attempts delivered; the engine's body is built
+                        by resume.attempt_body for this replica's engine): first a `meta` event
+                        naming the replica (and whether it resumes exactly), then one `chunk` event
+                        per SSE data object (with the chunk's token ids when the engine gives them),
+                        then `done`; an engine 4xx/5xx answer becomes an `error` event; a cut
+                        stream raises.
 * `record_routing_stats` (called by Serve every stats period) returns the engine's GET
                         /v1/replayssm/load JSON (running, waiting,
                         free_slots, total_slots, batch_size, cached_prefixes) plus the engine's
-                        `replayssm:` / `sglang:` Prometheus samples, fetched on each call.
+                        `replayssm:` / `sglang:` Prometheus samples, fetched on each call. An
+                        engine without that route (SGLang answers 404) is asked SGLang's GET
+                        /v1/loads instead (running, waiting and total_slots from its
+                        max_running_requests; `sglang_load`); one with neither is not polled again.
+* `ready`               whether the engine process runs (the router's /health).
 * `check_health`        fails when the engine process died or stops answering /health, so Serve
                         replaces the replica (and the engine with it).
 
@@ -28,8 +36,10 @@ from ray import serve
 from ray.serve import metrics as serve_metrics
 
 from .engine_process import EngineProcess
+from .resume import EXACT_ENGINES, attempt_body
 
 LOAD_FIELDS = ("running", "waiting", "free_slots", "total_slots", "batch_size")
+LOAD_ROUTES = ("/v1/replayssm/load", "/v1/loads")   # ours, then SGLang's (sglang_load reads it)
 ENGINE_METRIC_PREFIXES = ("replayssm:", "replayssm_", "sglang:")
 
 
@@ -52,6 +62,7 @@ class EngineReplica:
         self._load: Dict[str, Any] = {}
         self._engine_samples: List[list] = []
         self._seq = 0
+        self._load_routes = list(LOAD_ROUTES)   # those the engine has not answered 404 to
         self._inflight = 0
         self._m_requests = serve_metrics.Counter(
             "replayssm_replica_requests", description="requests finished by this replica",
@@ -78,12 +89,18 @@ class EngineReplica:
         """Refresh the engine's load report and its Prometheus samples."""
         client = self._http()
         load: Dict[str, Any] = {}
-        try:
-            r = await client.get("/v1/replayssm/load", timeout=5.0)
-            if r.status_code == 200:
-                load = r.json()
-        except (httpx.HTTPError, ValueError):
-            load = {}
+        for route in list(self._load_routes):
+            try:
+                r = await client.get(route, params={"include": "core"} if route == "/v1/loads" else None,
+                                     timeout=5.0)
+                if r.status_code == 404:   # not this engine's route: never asked again
+                    self._load_routes.remove(route)
+                    continue
+                if r.status_code == 200:
+                    load = r.json() if route == LOAD_ROUTES[0] else sglang_load(r.json())
+            except (httpx.HTTPError, ValueError, TypeError, KeyError):
+                load = {}
+            break
         if not load:  # engine without the load endpoint: fall back to what this replica sees
             load = {"running": self._inflight, "waiting": 0}
         self._load = load
@@ -125,19 +142,25 @@ class EngineReplica:
         if not ok:
             raise RuntimeError(f"engine of replica {self.replica_id} does not answer /health")
 
+    async def ready(self) -> bool:
+        """Whether this replica's engine process runs (the router's /health asks one replica)."""
+        return self.engine.alive()
+
     async def models(self) -> Dict[str, Any]:
         r = await self._http().get("/v1/models", timeout=30.0)
         r.raise_for_status()
         return r.json()
 
     async def generate(self, payload: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
-        """Stream one OpenAI request (payload: path, body) through the engine."""
+        """Stream one OpenAI request (payload: path, kind, body, sent) through the engine."""
         client = self._http()
-        yield {"type": "meta", "replica": self.replica_id}
+        body = attempt_body(payload["kind"], payload["body"], self.engine.engine, payload.get("sent"))
+        keep_ids = bool(payload["body"].get("return_token_ids"))   # the client asked for them too
+        yield {"type": "meta", "replica": self.replica_id, "exact_resume": self.engine.engine in EXACT_ENGINES}
         self._inflight += 1
         outcome = "cut"
         try:
-            async with client.stream("POST", payload["path"], json=payload["body"]) as resp:
+            async with client.stream("POST", payload["path"], json=body) as resp:
                 if resp.status_code != 200:
                     body = (await resp.aread()).decode("utf-8", "replace")
                     outcome = "error"
@@ -152,9 +175,13 @@ class EngineReplica:
                         yield {"type": "done"}
                         return
                     chunk = json.loads(data)
+                    ids = None
+                    for c in chunk.get("choices") or ():
+                        if isinstance(c, dict) and "token_ids" in c:
+                            ids = (ids or []) + list(c["token_ids"] if keep_ids else c.pop("token_ids"))
                     if _chunk_text(chunk):
                         self._m_tokens.inc()
-                    yield {"type": "chunk", "data": chunk}
+                    yield {"type": "chunk", "data": chunk, "token_ids": ids}
             raise EngineStreamCut(f"engine of replica {self.replica_id} ended the stream without [DONE]")
         finally:
             self._inflight -= 1
@@ -164,6 +191,18 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
+
+
+def sglang_load(report: Dict[str, Any]) -> Dict[str, Any]:
+    """SGLang's GET /v1/loads answer ({"loads": [{"num_running_reqs", "num_waiting_reqs",
+    "max_running_requests", ...} per data-parallel rank]}) as our load report's fields."""
+    ranks = [d for d in report.get("loads") or () if isinstance(d, dict)]
+    running = sum(int(d.get("num_running_reqs") or 0) for d in ranks)
+    total = sum(int(d.get("max_running_requests") or 0) for d in ranks)
+    out = {"running": running, "waiting": sum(int(d.get("num_waiting_reqs") or 0) for d in ranks)}
+    if total > 0:
+        out |= {"total_slots": total, "free_slots": max(0, total - running)}
+    return out
 
 
 def _chunk_text(chunk: Dict[str, Any]) -> str:

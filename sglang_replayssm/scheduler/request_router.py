@@ -55,6 +55,7 @@ class ReplaySSMRouter(RequestRouter):
         usable = [r for r in candidates if r.replica_id.unique_id not in exclude] or list(candidates)
         by_id = {}
         loads = {}
+        slots = {}
         for r in usable:
             uid = r.replica_id.unique_id
             by_id[uid] = r
@@ -62,11 +63,12 @@ class ReplaySSMRouter(RequestRouter):
             stats = r.routing_stats
             if stats:
                 st.update_stats(uid, stats)
+                slots[uid] = stats.get("total_slots")
             loads[uid] = st.load(uid, self.replica_queue_len_cache.get(r.replica_id))
         key = payload.get("route_key") or ""
         with st.lock:
             matches = st.tree.match(key, by_id.keys()) if key else {}
-        choice = _policy.choose(loads, matches, st.cfg, order=st.seen_replicas)
+        choice = _policy.choose(loads, matches, st.cfg, order=st.seen_replicas, slots=slots)
         route_id = payload.get("route_id")
         if route_id:
             st.choices[route_id] = choice

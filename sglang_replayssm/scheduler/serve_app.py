@@ -112,8 +112,10 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
     g.add_argument("--route-policy", choices=POLICIES, default="pack",
                    help="pack: fill a replica up to --route-target-batch before using the next (default); "
                         "spread: least-loaded")
-    g.add_argument("--route-target-batch", type=int, default=32,
-                   help="requests per replica before spilling to another one (default 32)")
+    g.add_argument("--route-target-batch", type=int, default=None,
+                   help="requests per replica before spilling to another one (default: each replica's own "
+                        "slot count, total_slots in its /v1/replayssm/load report or SGLang's "
+                        "max_running_requests; 32 for a replica that reports neither)")
     g.add_argument("--route-imbalance-threshold", type=int, default=8,
                    help="override prefix affinity when the replica holds this many more requests than "
                         "the least loaded one (and is at its target batch) (default 8)")
@@ -153,7 +155,7 @@ def options_from_args(args: Any) -> SchedulerOptions:
     on_gpu = engine == "sglang" and not wants_cpu(engine_argv)   # SGLang replicas with --device cpu: the CPU harness
     gpus = pick("replica_num_gpus", 1.0 if on_gpu else 0.0)
     replicas = getattr(args, "replicas", None)
-    pol = PolicyConfig(policy=pick("route_policy", "pack"), target_batch=pick("route_target_batch", 32),
+    pol = PolicyConfig(policy=pick("route_policy", "pack"), target_batch=pick("route_target_batch", None),
                        imbalance_threshold=pick("route_imbalance_threshold", 8),
                        min_prefix_chars=pick("route_min_prefix_chars", 32), spill=pick("route_spill", "least_loaded"))
     return SchedulerOptions(

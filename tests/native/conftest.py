@@ -1,5 +1,6 @@
 """Fixtures: tiny HuggingFace-format checkpoints written by `transformers` itself (real config.json and
-safetensors names), for the loader and end-to-end tests."""
+safetensors names), for the loader and end-to-end tests; one real native server (default flags)
+shared by the tests that only send it requests (request limits, soak)."""
 
 import pytest
 import torch
@@ -31,3 +32,13 @@ def hf_checkpoints(tmp_path_factory):
     m = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**gdn)).eval()
     out["qwen3_5"] = (_save(m, root / "qwen3_5"), m)
     return out
+
+
+@pytest.fixture(scope="package")
+def shared_server():
+    """A real native server with default flags (live_server.LiveServer), started once for tests/native."""
+    from .live_server import LiveServer
+
+    s = LiveServer()
+    yield s
+    s.stop()

@@ -88,8 +88,9 @@ def completion(url: str, body, path="/v1/completions", timeout=60):
         return r.status_code, r.text
 
 
-def stream_text(url: str, body: dict, on_first=None, timeout=60):
-    """Stream one completion -> (text, finish_reason, [DONE] seen, error events)."""
+def stream_text(url: str, body: dict, on_first=None, timeout=60, on_chunk=None):
+    """Stream one completion -> (text, finish_reason, [DONE] seen, error events); `on_chunk()` is
+    called on every data line."""
     text, finish, done, errors = "", None, False, []
     with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=timeout) as r:
         assert r.status_code == 200, r.read()
@@ -97,6 +98,8 @@ def stream_text(url: str, body: dict, on_first=None, timeout=60):
             if not line.startswith("data: "):
                 continue
             data = line[len("data: "):]
+            if on_chunk is not None:
+                on_chunk()
             if data == "[DONE]":
                 done = True
                 continue
@@ -119,18 +122,19 @@ def victim_body(max_tokens=VICTIM_TOKENS) -> dict:
 class Victim:
     """A greedy streaming completion in a thread; `started` once its first text arrived."""
 
-    def __init__(self, url: str, max_tokens: int = VICTIM_TOKENS):
+    def __init__(self, url: str, max_tokens: int = VICTIM_TOKENS, on_chunk=None):
         self.started = threading.Event()
         self.result = None
         self.error = None
         self.ended = None    # time.monotonic() when the stream ended
+        self.on_chunk = on_chunk
         self._thread = threading.Thread(target=self._run, args=(url, max_tokens), daemon=True)
         self._thread.start()
         assert self.started.wait(30), f"the victim stream did not start: {self.error}"
 
     def _run(self, url, max_tokens):
         try:
-            self.result = stream_text(url, victim_body(max_tokens), on_first=self.started.set)
+            self.result = stream_text(url, victim_body(max_tokens), on_first=self.started.set, on_chunk=self.on_chunk)
         except Exception as e:   # reported by finish()
             self.error = e
             self.started.set()
@@ -143,3 +147,25 @@ class Victim:
         assert not self._thread.is_alive(), "the victim stream hung"
         assert self.error is None, f"the victim stream failed: {self.error!r}"
         return self.result
+
+
+def load(server) -> dict:
+    """The server's GET /v1/replayssm/load."""
+    return httpx.get(server.url + "/v1/replayssm/load", timeout=5).json()
+
+
+def wait_for(pred, timeout: float, step: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(step)
+    return pred()
+
+
+def request_head(port: int, length: int | None, path="/v1/completions") -> bytes:
+    """The head of a raw HTTP/1.1 JSON POST: with Content-Length, or chunked (length None)."""
+    size = f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"{size}\r\n").encode()

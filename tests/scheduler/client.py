@@ -3,6 +3,8 @@
 import asyncio
 import json
 import os
+import threading
+import time
 
 import httpx
 
@@ -57,17 +59,18 @@ async def complete(client: httpx.AsyncClient, prompt: str, max_tokens: int, stre
 
 
 class Stream:
-    """A streamed completion (``body``: the request, ``stream`` forced on) running in the background;
+    """A streamed completion (``body``: the request, ``stream`` forced on; ``path``: /v1/completions or
+    /v1/chat/completions) running in the background;
     ``started`` once its first data line arrived; ``task`` resolves to ``parse_sse(lines)``."""
 
-    def __init__(self, client: httpx.AsyncClient, body: dict):
+    def __init__(self, client: httpx.AsyncClient, body: dict, path: str = "/v1/completions"):
         self.started = asyncio.Event()
         self.replica = self.route = None
         self.lines: list = []
-        self.task = asyncio.create_task(self._run(client, {**body, "stream": True}))
+        self.task = asyncio.create_task(self._run(client, {**body, "stream": True}, path))
 
-    async def _run(self, client, body):
-        async with client.stream("POST", "/v1/completions", json=body) as r:
+    async def _run(self, client, body, path):
+        async with client.stream("POST", path, json=body) as r:
             assert r.status_code == 200, await r.aread()
             self.replica = r.headers["x-replayssm-replica"]
             self.route = r.headers["x-replayssm-route"]
@@ -105,3 +108,45 @@ def pids_with_env(entry: str) -> dict:
         except OSError:
             continue
     return pids
+
+
+def metric_values(text: str, name: str) -> dict:
+    """{label part: value} of every sample of metric ``name`` in a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, val = line.rpartition(" ")
+            out[key[len(name):]] = float(val)
+    return out
+
+
+class HealthProbe:
+    """While a router starts: GET /health every 0.1 s; at its first 200, one completion (1 token).
+    ``result`` (once ``done``): {"health_200_after_s", "completion_status", "completion_s"}: whether
+    a router saying healthy can really serve at once."""
+
+    def __init__(self, url: str, timeout: float = 600.0):
+        self.url, self.result, self.done = url, {}, threading.Event()
+        self._stop = time.monotonic() + timeout
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        t0 = time.monotonic()
+        try:
+            with httpx.Client(base_url=self.url, timeout=30) as c:
+                while time.monotonic() < self._stop:
+                    try:
+                        ok = c.get("/health", timeout=5).status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    if ok:
+                        t1 = time.monotonic()
+                        r = c.post("/v1/completions", json={"prompt": "probe", "max_tokens": 1}, timeout=60)
+                        self.result = {"health_200_after_s": t1 - t0, "completion_status": r.status_code,
+                                       "completion_s": time.monotonic() - t1}
+                        return
+                    time.sleep(0.1)
+        except Exception as e:   # reported through result
+            self.result = {"error": repr(e)}
+        finally:
+            self.done.set()

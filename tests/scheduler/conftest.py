@@ -21,7 +21,7 @@ loopback.enable()  # before ray is imported anywhere in this process
 from sglang_replayssm.scheduler.engine_process import free_port  # noqa: E402
 from sglang_replayssm.scheduler.policy import PolicyConfig  # noqa: E402
 
-from .client import pids_with_env  # noqa: E402
+from .client import HealthProbe, pids_with_env  # noqa: E402
 from .engine_setup import engine_argv  # noqa: E402
 
 NUM_REPLICAS = 2
@@ -63,9 +63,11 @@ def cluster(tmp_path_factory):
                             replica_num_cpus=0, health_check_period_s=1.0, stats_period_s=0.5,
                             log_dir=str(tmp / "logs"), policy=POLICY)
     t0 = time.monotonic()
+    probe = HealthProbe(f"http://127.0.0.1:{port}")   # the router's /health from its first moment
     url = start(opts, blocking_timeout_s=300)
+    probe.done.wait(120)
     info = {"url": url, "metrics_port": metrics_port, "opts": opts, "tmp": tmp,
-            "startup_s": time.monotonic() - t0}
+            "startup_s": time.monotonic() - t0, "health_probe": probe.result}
     try:
         yield info
     finally:

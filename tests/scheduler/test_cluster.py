@@ -14,20 +14,11 @@ import uuid
 
 import httpx
 
-from .client import Stream, chunk_text, complete
+from .client import Stream, chunk_text, complete, metric_values
 from .conftest import POLICY, session_pids
 
 LONG = 400          # tokens of a request that must still be running while the test looks
 EXTRA = {"ignore_eos": True, "temperature": 0.0}
-
-
-def _metric_values(text, name):
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            key, _, val = line.rpartition(" ")
-            out[key[len(name):]] = float(val)
-    return out
 
 
 async def _wait_idle(client, timeout=30.0):
@@ -37,7 +28,7 @@ async def _wait_idle(client, timeout=30.0):
         text = (await client.get("/metrics")).text
         busy = {(n, k): v for n in ("replayssm_router_replica_running", "replayssm_router_replica_waiting",
                                     "replayssm_router_replica_inflight")
-                for k, v in _metric_values(text, n).items() if v > 0}
+                for k, v in metric_values(text, n).items() if v > 0}
         if not busy:
             return
         await asyncio.sleep(0.2)
@@ -48,7 +39,7 @@ async def _engine_counter(client, name):
     """{replica: value} of an engine metric, as re-exported by the router."""
     text = (await client.get("/metrics")).text
     out = {}
-    for key, v in _metric_values(text, name).items():
+    for key, v in metric_values(text, name).items():
         m = re.search(r'replica="([^"]+)"', key)
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + v
@@ -61,6 +52,14 @@ def _Stream(client, prompt, max_tokens):
 
 def _run(coro):
     return asyncio.run(coro)
+
+
+def test_router_health_means_it_can_route(cluster):
+    """At the router's first /health 200 (probed every 0.1 s from before the app was deployed), a
+    request is served at once: /health waits for an engine replica (issue 17, item 16)."""
+    probe = cluster["health_probe"]
+    assert probe.get("completion_status") == 200, probe
+    assert probe["completion_s"] < 3.0, f"healthy {probe['completion_s']:.1f} s before it could serve: {probe}"
 
 
 def test_concurrent_requests_all_succeed(cluster):
@@ -143,7 +142,7 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
             await h1.cancel()
             await h2.cancel()
             text = (await c.get("/metrics")).text
-            decisions = _metric_values(text, "replayssm_router_decisions_total")
+            decisions = metric_values(text, "replayssm_router_decisions_total")
             assert decisions['{decision="prefix_hit"}'] >= 5
             assert decisions['{decision="load_override"}'] >= 1
             await _wait_idle(c)
@@ -263,45 +262,60 @@ def _wait_replicas_running(n, timeout=180.0):
     raise AssertionError(f"Serve did not restore {n} replicas: {dep.replica_states}")
 
 
+CHAT_DEFAULT_TOKENS = 128   # the native engine's max_tokens of a chat request that names none
+
+
 def test_killed_replica_requests_complete_exactly_once(cluster):
+    """A replica killed under streams and unary requests: each answer completes once, equal to the
+    undisturbed greedy answer. The killed replica held a prompt of token ids and a chat request
+    without max_tokens, both resumed exactly from the token ids delivered (issue 17, item 11)."""
     prompts = [f"kill test {i}: resume me exactly once {uuid.uuid4().hex[:8]}" for i in range(6)]
     max_tokens = 300
+    token_prompt = [256] + list(prompts[2].encode())          # the byte tokenizer's ids of prompts[2]
+    chat = {"messages": [{"role": "user", "content": prompts[3]}], **EXTRA}   # no max_tokens
 
     async def main():
         async with httpx.AsyncClient(base_url=cluster["url"], timeout=300) as c:
             await _wait_idle(c)
+            bodies = [({"prompt": prompts[0], "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
+                      ({"prompt": prompts[1], "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
+                      ({"prompt": token_prompt, "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
+                      (chat, "/v1/chat/completions")]
             streams = []
-            for p in prompts[:4]:
-                s = _Stream(c, p, max_tokens)
+            for body, path in bodies:   # packing: the first two on one replica, the last two on the other
+                s = Stream(c, body, path)
                 await s.started.wait()
                 streams.append(s)
             unary = [asyncio.create_task(complete(c, p, max_tokens, **EXTRA)) for p in prompts[4:]]
-            await asyncio.sleep(0.2)
-            victim = streams[-1].replica  # the stream started last has ~max_tokens tokens to go
+            victim = streams[-1].replica  # the chat stream, started last, has most of its tokens to go
             assert any(s.replica != victim for s in streams)  # the cluster is really spread over two
             mid = [s for s in streams if s.replica == victim and not s.task.done()]
             _kill_replica(victim)
             results = [await s.task for s in streams]
             unary_res = await asyncio.gather(*unary)
-            # reference: the same prompts with no failure (greedy decoding is deterministic)
+            # reference: the same requests with no failure (greedy decoding is deterministic)
             _wait_replicas_running(2)
             ref = await asyncio.gather(*(complete(c, p, max_tokens, **EXTRA) for p in prompts))
-            return streams, results, unary_res, ref, victim, mid
+            ref_chat = (await c.post("/v1/chat/completions", json=chat)).json()["choices"][0]["message"]["content"]
+            return streams, results, unary_res, ref, ref_chat, victim, mid
 
-    streams, results, unary_res, ref, victim, mid = _run(main())
-    assert mid
-    resumed = 0
-    for s, (chunks, meta, done), r in zip(streams, results, ref):
+    streams, results, unary_res, ref, ref_chat, victim, mid = _run(main())
+    assert streams[2] in mid and streams[3] in mid, "the token-id and chat requests were not cut: no resume tested"
+    expected = [r["text"] for r in ref[:4]]
+    expected[3] = ref_chat
+    assert expected[2] == ref[2]["text"] and len(ref_chat) == CHAT_DEFAULT_TOKENS
+    for i, (s, (chunks, meta, done), want) in enumerate(zip(streams, results, expected)):
         assert done, "stream ended without [DONE]"
         text = "".join(chunk_text(ch) for ch in chunks)
-        assert sum(1 for ch in chunks if chunk_text(ch)) == max_tokens
-        assert text == r["text"], "resumed stream differs from the undisturbed answer (token lost or repeated)"
+        n = CHAT_DEFAULT_TOKENS if i == 3 else max_tokens
+        assert sum(1 for ch in chunks if chunk_text(ch)) == n, (i, meta)
+        assert text == want, f"stream {i}: resumed answer differs from the undisturbed one (token lost or repeated)"
         assert len({ch["id"] for ch in chunks}) == 1
         assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch.get("choices")].count("length") == 1
+        assert not any("token_ids" in c for ch in chunks for c in ch.get("choices") or ()), "engine-only field leaked"
         if meta["retries"]:  # cut by the kill: resumed on the other replica
             assert s in mid and meta["replicas"][0] == victim and meta["replicas"][-1] != victim
-            resumed += 1
-    assert resumed >= 1   # (a stream of the victim may still finish between the look and the kill)
+    assert results[2][1]["retries"] >= 1 and results[3][1]["retries"] >= 1
     for u, r in zip(unary_res, ref[4:]):
         assert u["tokens"] == max_tokens and u["text"] == r["text"]
 

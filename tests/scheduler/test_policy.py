@@ -160,3 +160,39 @@ def test_router_state_inflight_counts_survive_any_callback_order():
         st.completed(f"rejected{i}", "b")
     assert len(st.early_completions) <= EARLY_COMPLETION_MAX
     assert ("rejected%d" % (3 * EARLY_COMPLETION_MAX - 1), "b") in st.early_completions
+
+
+def test_default_target_batch_is_each_replicas_slot_count():
+    """No --route-target-batch: a replica is packed up to its reported total_slots, then the next one
+    fills (issue 17, item 16: with a fixed 32, all of a 40-request run went to one 8-slot replica)."""
+    cfg = PolicyConfig()
+    assert cfg.target_batch is None
+    slots = {"a": 8, "b": 8}
+    loads = {"a": 0, "b": 0}
+    placed = []
+    for _ in range(16):
+        r = choose(loads, {}, cfg, order=["a", "b"], slots=slots).ranked[0]
+        loads[r] += 1
+        placed.append(r)
+    assert placed == ["a"] * 8 + ["b"] * 8
+    assert choose(loads, {}, cfg, order=["a", "b"], slots=slots).decision == SPILL   # both full
+    # a replica that reports no slots gets DEFAULT_TARGET_BATCH; an explicit flag wins over slots
+    assert choose({"a": 9, "b": 0}, {}, cfg, order=["a", "b"], slots={"b": 4}).ranked[0] == "a"
+    assert choose({"a": 2, "b": 0}, {}, PolicyConfig(target_batch=2), order=["a", "b"], slots=slots).ranked[0] == "b"
+
+
+def test_affinity_is_overridden_at_the_replicas_own_slot_count():
+    cfg = PolicyConfig(imbalance_threshold=2, min_prefix_chars=8)
+    c = choose({"a": 4, "b": 0}, {"a": 40}, cfg, order=["a", "b"], slots={"a": 4, "b": 4})
+    assert (c.ranked[0], c.decision) == ("b", LOAD_OVERRIDE)
+    c = choose({"a": 3, "b": 0}, {"a": 40}, cfg, order=["a", "b"], slots={"a": 4, "b": 4})
+    assert (c.ranked[0], c.decision) == ("a", PREFIX_HIT)
+
+
+def test_sglang_load_report_becomes_ours():
+    from sglang_replayssm.scheduler.replica import sglang_load
+
+    report = {"loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 1, "max_running_requests": 8},
+                        {"dp_rank": 1, "num_running_reqs": 2, "num_waiting_reqs": 0, "max_running_requests": 8}]}
+    assert sglang_load(report) == {"running": 5, "waiting": 1, "total_slots": 16, "free_slots": 11}
+    assert sglang_load({"loads": []}) == {"running": 0, "waiting": 0}

@@ -51,7 +51,7 @@ httpx = pytest.importorskip("httpx")
 yaml = pytest.importorskip("yaml")
 
 from sglang_replayssm.scheduler.engine_process import free_port  # noqa: E402
-from tests.scheduler.client import Stream, chunk_text, pids_with_env  # noqa: E402
+from tests.scheduler.client import Stream, chunk_text, metric_values, pids_with_env  # noqa: E402
 
 from .checks import TIE_NATS  # noqa: E402
 from .conftest import _hf_model, tokenize  # noqa: E402
@@ -248,19 +248,10 @@ def _run(coro):
     return asyncio.run(coro)
 
 
-def _metric_values(text: str, name: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            key, _, val = line.rpartition(" ")
-            out[key[len(name):]] = float(val)
-    return out
-
-
 async def _per_replica(client, name: str) -> dict[str, float]:
     """{replica: sum} of an engine metric as re-exported by the router."""
     out: dict[str, float] = {}
-    for key, v in _metric_values((await client.get("/metrics")).text, name).items():
+    for key, v in metric_values((await client.get("/metrics")).text, name).items():
         m = re.search(r'replica="([^"]+)"', key)
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + v
@@ -273,7 +264,7 @@ async def _wait_idle(client, timeout: float = 60.0) -> None:
         text = (await client.get("/metrics")).text
         busy = {(n, k): v for n in ("replayssm_router_replica_running", "replayssm_router_replica_waiting",
                                     "replayssm_router_replica_inflight")
-                for k, v in _metric_values(text, n).items() if v > 0}
+                for k, v in metric_values(text, n).items() if v > 0}
         if not busy:
             return
         assert time.monotonic() < deadline, f"replicas did not become idle: {busy}"
@@ -387,7 +378,7 @@ def test_prefix_affinity_follows_the_cached_conversation(cluster):
                 if cached.get(b, 0) - cached_before.get(b, 0) >= 2 * n_shared or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.5)
-            decisions = _metric_values((await c.get("/metrics")).text, "replayssm_router_decisions_total")
+            decisions = metric_values((await c.get("/metrics")).text, "replayssm_router_decisions_total")
             return a, b, cached_before, cached, decisions
 
     n_shared = len(tokenize(str(cluster.model_dir), shared))
