@@ -15,8 +15,8 @@ import httpx
 
 from .live_server import load, request_head, wait_for
 
-SOAK_S = 20.0
-WARMUP_S = 5.0
+SOAK_S = 10.0
+WARMUP_S = 3.0
 RSS_GROWTH_MB = 40      # per process, after the warm-up
 FD_GROWTH = 4           # per process, once idle
 
