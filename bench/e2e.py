@@ -157,10 +157,12 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
 def ops_options(args, family: str) -> dict:
     """--decode-stages / --decode-method / --verify-method / --verify-block-v as SSMOps options ("split"
     verify: GDN only)."""
+    from sglang_replayssm.kernels.tuning import KernelTuning
+
     out = {}
     dec = {}
     if getattr(args, "decode_stages", None):
-        dec["stages"] = args.decode_stages
+        dec["tuning"] = KernelTuning(stages=args.decode_stages)
     if getattr(args, "decode_method", None):
         dec["method"] = args.decode_method
     if dec:
@@ -168,7 +170,7 @@ def ops_options(args, family: str) -> dict:
     if getattr(args, "verify_method", None) and (family == "gdn" or args.verify_method != "split"):
         out["verify_options"] = {"method": args.verify_method}
     if getattr(args, "verify_block_v", None):
-        out.setdefault("verify_options", {})["block_v"] = args.verify_block_v
+        out.setdefault("verify_options", {})["tuning"] = KernelTuning(block_v=args.verify_block_v)
     return out
 
 
@@ -542,11 +544,11 @@ def main(argv=None) -> int:
     p.add_argument("--decode-stages", type=int, default=None,
                    help="software-pipeline the ReplaySSM decode kernels' state loop (kernels.*.decode stages)")
     p.add_argument("--decode-method", choices=("fused", "split"), default=None,
-                   help="ReplaySSM decode kernel variant (kernels.*.decode method; default: kernels.common.decode_plan)")
+                   help="ReplaySSM decode kernel variant (kernels.*.decode method; default: kernels.tuning.decode_plan)")
     p.add_argument("--verify-method", choices=("fma", "mma", "split"), default=None,
                    help="verify kernel variant (kernels.*.verify method; default mma; split: GDN only)")
     p.add_argument("--verify-block-v", type=int, default=None,
-                   help="verify kernels' value rows per program (default: kernels.common.verify_plan)")
+                   help="verify kernels' value rows per program (default: kernels.tuning.verify_plan)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="GPU: also profile each decode mode's step and each verify step (forward + commit; eager) and keep "
                         "its N costliest kernels")

@@ -1,6 +1,6 @@
 """ReplaySSM kernel benchmark on one GPU (H200): ours vs our conventional kernel vs SGLang's kernels.
 
-Run (from the repo root, SGLang's peer kernels extracted by /work/shared/tools/peer_kernels.sh .peer):
+Run (from the repo root, with SGLang 0.5.23's own kernels in the git-ignored .peer/, bench/README.md):
     PYTHONPATH=.:.peer python3 bench/kernels.py --out $OUT
 Writes kernels.json + kernels.png to --out. Times are triton.testing.do_bench medians of a CUDA graph
 holding L=16 consecutive decode steps (per-row cursors preset so that over the window every row
@@ -23,7 +23,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sglang_replayssm.kernels import gdn as kgdn, mamba2 as km2  # noqa: E402
-from sglang_replayssm.kernels.common import verify_methods as verify_methods_of  # noqa: E402
+from sglang_replayssm.kernels.tuning import KernelTuning, verify_methods as verify_methods_of  # noqa: E402
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
 
 try:
@@ -171,7 +171,7 @@ def bytes_replay(geo, B, rc="none", rb=4):
 
 
 def bytes_state_only(geo, B, rc="none"):
-    """The DESIGN.md 'HBM limit' count: state read every step + one state write per window."""
+    """The 'HBM limit' byte count (bench/README.md): state read every step + one state write per window."""
     E = geo["H"] * geo["Dv"] * geo["Dk"]
     if rc == "none":
         return B * (E * 4 + E * 4 / L)
@@ -182,7 +182,7 @@ def bytes_state_only(geo, B, rc="none"):
 def run_conventional_ours(geo, B, state, slots, inp, cfg):
     mod = module(geo)
     bv, _bk, nw = cfg
-    return [lambda: mod.conventional_decode(state, slots, **inp, block_v=bv, num_warps=nw)] * L
+    return [lambda: mod.conventional_decode(state, slots, **inp, tuning=KernelTuning(block_v=bv, num_warps=nw))] * L
 
 
 def run_replay_ours(geo, pool, slots, inp, curs, cfg, method=None):
@@ -191,11 +191,11 @@ def run_replay_ours(geo, pool, slots, inp, curs, cfg, method=None):
     method: the decode method ("fused" / "split"), None for the default."""
     mod = module(geo)
     kw = {"method": method} if method else {}
-    if cfg is not None:  # None: the library's defaults (common.decode_plan)
-        kw.update(block_v=cfg[0], block_k=cfg[1], num_warps=cfg[2],
-                  stages=cfg[3] if len(cfg) > 3 and cfg[3] else None,
-                  flush_block_k=cfg[4] if len(cfg) > 4 and cfg[4] else None,
-                  flush_warps=cfg[5] if len(cfg) > 5 and cfg[5] else None)
+    if cfg is not None:  # None: the library's defaults (tuning.decode_plan)
+        kw["tuning"] = KernelTuning(block_v=cfg[0], block_k=cfg[1], num_warps=cfg[2],
+                                    stages=cfg[3] if len(cfg) > 3 and cfg[3] else None,
+                                    flush_block_k=cfg[4] if len(cfg) > 4 and cfg[4] else None,
+                                    flush_warps=cfg[5] if len(cfg) > 5 and cfg[5] else None)
     steps = []
     for s in range(L):
         def f(s=s):
@@ -265,7 +265,7 @@ def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method=None):
 
     kw = {"method": method} if method else {}
     if cfg is not None:  # None: the library's defaults
-        kw.update(block_v=cfg[0], block_k=cfg[1], num_warps=cfg[2])
+        kw["tuning"] = KernelTuning(block_v=cfg[0], block_k=cfg[1], num_warps=cfg[2])
 
     def f():
         mod.verify(pool, 0, slots, **inp_t, **kw)
@@ -586,8 +586,8 @@ def sweep(args):
                     bv, bk, nw = cfg[:3]
                     if len(cfg) > 3 and cfg[3] and method != "mma":
                         continue   # stages: the mma launch's pipelining only
-                    kws = dict(kw, block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw,
-                               **({"stages": cfg[3]} if len(cfg) > 3 and cfg[3] else {}))
+                    kws = dict(kw, tuning=KernelTuning(block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw,
+                                                       stages=cfg[3] if len(cfg) > 3 and cfg[3] else None))
 
                     def f(kws=kws, pool=pool):
                         pool.cursor = base
@@ -605,7 +605,7 @@ def sweep(args):
             bv, bk, nw = cfg
 
             def f(bv=bv, bk=bk, nw=nw, pool=pool):
-                mod.fold(pool, 0, slots, counts, block_v=bv, block_k=bk or None, num_warps=nw)
+                mod.fold(pool, 0, slots, counts, tuning=KernelTuning(block_v=bv, block_k=bk or None, num_warps=nw))
             ms = timed(bench_graph, [f] * L, 60)
             record(geo=geo["name"], B=B, kernel="sweep_fold_T8", config=list(cfg), ms=ms,
                    GBps=nb / ms / 1e6 if ms else None, note="bv{}_bk{}_w{}".format(*cfg) + f" ({nf} rows fold)")

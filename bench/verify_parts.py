@@ -9,11 +9,11 @@ drafts, ring cursors spread over 0..15 - T + 1. Each part is a launch of one (va
 program per tile, like the verify's; times are CUDA-graph medians of L launches (bench/kernels.py's
 bench_graph), with the state's GB/s (the checkpoint's bytes / time). Parts:
   verify     kernels.gdn.verify (the library's default, method "mma")
-  verify_ieee  the same with FMA dots (common.DOT_PREC "ieee") instead of 3xTF32 tensor-core dots
+  verify_ieee  the same with FMA dots (KernelTuning(dot_precision="ieee")) instead of 3xTF32 tensor-core dots
   read       the state's column chunks loaded and summed (the launch's read floor)
   s0dot      the drafts' rows X and the state: S0 X^T per chunk, one dot (no record keys, no X X^T)
   s0dot_t    the same dot the other way round: S0 X^T as dot(S0, X^T) (the state the left operand)
-  pass       the verify's state pass (common.stacked_draft_pass: S0 X^T, K_r X^T, X X^T per chunk)
+  pass       the verify's state pass (drafts.stacked_draft_pass: S0 X^T, K_r X^T, X X^T per chunk)
   finish     no state pass: the records, the within-draft solve, the outputs and the draft records
 """
 from __future__ import annotations
@@ -31,9 +31,15 @@ import triton.language as tl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from sglang_replayssm.kernels import common, gdn as kgdn  # noqa: E402
-from sglang_replayssm.kernels.common import (LayerViews, load_records, load_state_chunk,  # noqa: E402
-                                             next_pow2, ring_program, stacked_draft_pass, stacked_halves)
+from sglang_replayssm.kernels import gdn as kgdn  # noqa: E402
+from sglang_replayssm.kernels.checks import next_pow2  # noqa: E402
+from sglang_replayssm.kernels.constants import DOT_PREC  # noqa: E402
+from sglang_replayssm.kernels.drafts import stacked_draft_pass, stacked_halves  # noqa: E402
+from sglang_replayssm.kernels.gdn.verify import _gdn_drafts_finish  # noqa: E402
+from sglang_replayssm.kernels.layer_views import LayerViews  # noqa: E402
+from sglang_replayssm.kernels.quant_tiles import load_state_chunk  # noqa: E402
+from sglang_replayssm.kernels.replay import load_records, ring_program  # noqa: E402
+from sglang_replayssm.kernels.tuning import KernelTuning  # noqa: E402
 
 PARTS = ("verify", "verify_ieee", "read", "s0dot", "s0dot_t", "pass", "finish")
 
@@ -93,7 +99,7 @@ def _part_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, 
         _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
         o_t = tl.arange(0, BT)
         tok = i_b * T + o_t
-        kgdn._gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, out_ptr,
+        _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, out_ptr,
                                 k_ptr, recd_ptr, recg_ptr, reck_ptr + (slot * R * HK + i_hk) * K,
                                 (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t, o_t < T, o_v, mask_v,
                                 H, HK, K, V, R, T, BT, BV, BKC, False)
@@ -110,23 +116,16 @@ def part_launch(part, pool, slots, inp, T, block_v, block_k, num_warps, out=None
     """A callable that runs one launch of `part` (PARTS) on layer 0 of pool; the partial launches write
     out ([B, T, H, Dv] fp32, a new one if None: read its row sums to rows t = 0, the dots S0 q_t)."""
     if part in ("verify", "verify_ieee"):
-        kw = dict(block_v=block_v, block_k=block_k, num_warps=num_warps)
-        prec = "ieee" if part == "verify_ieee" else common.DOT_PREC
-
-        def launch():
-            saved, common.DOT_PREC = common.DOT_PREC, prec
-            try:
-                kgdn.verify(pool, 0, slots, **inp, **kw)
-            finally:
-                common.DOT_PREC = saved
-        return launch
+        tuning = KernelTuning(block_v=block_v, block_k=block_k, num_warps=num_warps,
+                              dot_precision="ieee" if part == "verify_ieee" else None)
+        return lambda: kgdn.verify(pool, 0, slots, **inp, tuning=tuning)
     lv = LayerViews(pool, 0)
     B = slots.shape[0]
     if out is None:
         out = torch.empty((B, T, lv.H, lv.Dv), dtype=torch.float32, device=lv.device)
     grid = (triton.cdiv(lv.Dv, block_v), lv.H, B)
     kw = dict(H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, T=T, BT=max(8, next_pow2(T)), BV=block_v, BKC=block_k,
-              BR=max(16, next_pow2(lv.window)), PREC=common.DOT_PREC, PART=part,
+              BR=max(16, next_pow2(lv.window)), PREC=DOT_PREC, PART=part,
               num_warps=num_warps)
     return lambda: _part_kernel[grid](inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], inp["A_log"],
                                       inp["dt_bias"], out, slots, lv.cursor, lv.ckpt, lv.rec_d, lv.rec_k, lv.rec_g,

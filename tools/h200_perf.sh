@@ -2,7 +2,7 @@
 # The H200 runs that issues 3 (kernels) and 4 (native engine) wait on, one part per device call
 # (each part fits the 10-minute limit of a call; ~30 minutes of device time for all of them).
 #
-# On the dev box first:   /work/shared/tools/peer_kernels.sh .peer
+# On the dev box first: SGLang 0.5.23's own kernels into the git-ignored .peer/ (bench/README.md, kernels.py)
 # Then, per device call (carry [".peer"]):   PART=<part> OUT=$OUT bash tools/h200_perf.sh
 #
 # PART:

@@ -1,4 +1,4 @@
-"""Triton kernels for ReplaySSM (one module per family: mamba2, gdn, kda; shared pieces in common).
+"""Triton kernels for ReplaySSM: one module per family (mamba2, gdn/, kda/) and shared pieces of one job each.
 
 On a machine without CUDA the kernels run under Triton's interpreter: ``TRITON_INTERPRET=1`` is
 set here, before this package imports triton, unless the caller set it already. (Triton decides

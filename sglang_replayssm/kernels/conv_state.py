@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check, check_tensor, next_pow2
+from .checks import check, check_tensor, next_pow2
 
 CONV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)

@@ -10,12 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common
-from .common import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages, check_tensor,
-                     chunk_k, decode_launch_rows, decode_plan, default_warps, draft_structure, flush_rows, flush_tiles,
-                     fold_store, fold_tile_store, INTERPRET, join_stream, launch_stages, LayerViews, load_records,
-                     load_state_chunk, next_pow2, on_stream, output_tensor, record_key_products, replay_pass,
-                     ring_program, ring_row, softplus, stacked_draft_pass, stacked_halves, state_tile, verify_plan)
+from .checks import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages,
+                     check_tensor, chunk_k, launch_stages, next_pow2, output_tensor)
+from .constants import DOT_PREC, INTERPRET, RC_NVFP4
+from .drafts import draft_structure, stacked_draft_pass, stacked_halves
+from .fold import _fold_kernel, fold as fold_records, fold_store, fold_tile_store
+from .layer_views import LayerViews
+from .math_helpers import softplus
+from .quant_tiles import load_state_chunk, state_tile
+from .replay import flush_tiles, load_records, record_key_products, replay_pass, ring_program, ring_row
+from .split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
+from .tuning import check_tuning, decode_plan, default_warps, KernelTuning, PREP_WARPS, verify_plan
 
 
 @triton.jit
@@ -57,9 +62,9 @@ def _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mas
 def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, seed, layer,
                    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                   WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                   CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
-                   ACC: tl.constexpr, FBKC: tl.constexpr, NS: tl.constexpr, FOLD_DOT: tl.constexpr):
+                   WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
+                   CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
+                   REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, FOLD_DOT: tl.constexpr):
     """The body of _m2_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, G, V, BV, BR)
@@ -76,7 +81,7 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * G + i_g) * K
-    if FBKC == K:  # whole-row flush: the checkpoint tile and the keys loaded once, folded in registers
+    if FLUSH_BLOCK_K == K:  # whole-row flush: the checkpoint tile and the keys loaded once, folded in registers
         if is_flush:
             S0, Kr = flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, G * K, K)
             Cv = tl.load(C_row + o_k).to(tl.float32)
@@ -85,28 +90,28 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
             # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
             fold_tile_store(S0, Kr, Dr, w, gtot, a, u, tl.load(B_row + o_k).to(tl.float32), ckpt_ptr, rc_ptr, rs_ptr,
                             rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, seed, tl.load(folded_ptr + slot) + cur + 1,
-                            (layer * H + i_h).to(tl.int64) * (V * K), K, BV, RC, CKPT_SR, SHARED, INTERPRET)
+                            (layer * H + i_h).to(tl.int64) * (V * K), K, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
         else:
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                           G * K, K, BKC, BV, BR, RC, False, ACC, NS)
+                                           G * K, K, BKC, BV, BR, READ_COPY, False, REDUCE_ONCE, NUM_STAGES)
             y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
     else:
         if is_flush:
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                           G * K, K, FBKC if FBKC > 0 else BKC, BV, BR, 0, False, ACC, NS)
+                                           G * K, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, 0, False, REDUCE_ONCE, NUM_STAGES)
         else:
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                           G * K, K, BKC, BV, BR, RC, False, ACC, NS)
+                                           G * K, K, BKC, BV, BR, READ_COPY, False, REDUCE_ONCE, NUM_STAGES)
         y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
         if is_flush:  # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
             fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                        recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                        a, u, B_row, 1.0, seed, tl.load(folded_ptr + slot) + cur + 1,
-                       (layer * H + i_h).to(tl.int64) * (V * K), G * K, H * V, H, K, FBKC if FBKC > 0 else BKC,
-                       BV, BR, RC, CKPT_SR, SHARED, True, INTERPRET, FOLD_DOT)
+                       (layer * H + i_h).to(tl.int64) * (V * K), G * K, H * V, H, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC,
+                       BV, BR, READ_COPY, CKPT_SR, SHARED_QUANT, True, INTERPRET, FOLD_DOT)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -116,30 +121,30 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
             tl.store(reck_base + cur * (G * K) + o_k, tl.load(B_row + o_k).to(reck_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["seed", "layer", "fmin"])
+@triton.jit(do_not_specialize=["seed", "layer", "min_rows"])
 def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
                       folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                      recg_ptr, seed, layer, fmin, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      recg_ptr, seed, layer, min_rows, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
-                      RC: tl.constexpr, CKPT_SR: tl.constexpr, SHARED: tl.constexpr, HAS_Z: tl.constexpr,
-                      INTERPRET: tl.constexpr, ACC: tl.constexpr, FBKC: tl.constexpr = 0, NS: tl.constexpr = None,
-                      NFP: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+                      READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, HAS_Z: tl.constexpr,
+                      INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
+                      FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
-    nflush rows that the split decode listed in frows (common.flush_list), program_id(2) folding those
-    common.flush_rows gives it (the split decode runs the other rows through _m2_decode_prep_kernel +
+    nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
+    split_decode.flush_rows gives it (the split decode runs the other rows through _m2_decode_prep_kernel +
     _m2_decode_read_kernel)."""
     if FLUSH_ONLY:
-        lo, hi, step = flush_rows(nflush_ptr, fmin, NFP)
+        lo, hi, step = flush_rows(nflush_ptr, min_rows, FLUSH_ROW_PROGRAMS)
         for j in range(lo, hi, step):
             _m2_decode_row(tl.load(frows_ptr + j), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                            out_ptr, slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
-                           reck_ptr, recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED,
-                           HAS_Z, INTERPRET, ACC, FBKC, NS, True)
+                           reck_ptr, recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT,
+                           HAS_Z, INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, True)
     else:
         _m2_decode_row(tl.program_id(2), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
                        slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                       recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, RC, CKPT_SR, SHARED, HAS_Z,
-                       INTERPRET, ACC, FBKC, NS, False)
+                       recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, HAS_Z,
+                       INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, False)
 
 
 @triton.jit
@@ -170,7 +175,7 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
                            ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr,
                            H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                            WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
-                           RC: tl.constexpr, HAS_Z: tl.constexpr, ACC: tl.constexpr, NS: tl.constexpr = None):
+                           READ_COPY: tl.constexpr, HAS_Z: tl.constexpr, REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr = None):
     """Split decode, stage 2, non-flush rows: the state pass (S C from the checkpoint or its read
     copy) with the record products from stage 1, then y, the u and g records."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
@@ -186,7 +191,7 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
     C_row = C_ptr + (i_b * G + i_g) * K
     sc0, _s, _k, _kk = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
                                    mask_v, C_row, C_row, 1.0, 1.0, recd_ptr, o_r, mask_r,  # no keys read
-                                   G * K, K, BKC, BV, BR, RC, False, ACC, NS, False)
+                                   G * K, K, BKC, BV, BR, READ_COPY, False, REDUCE_ONCE, NUM_STAGES, False)
     y = _m2_out(sc0, tl.load(p + o_r), tl.exp(g), gam, Dr, w, u, tl.load(p + BR), xv, D_ptr, z_ptr, i_b, i_h, o_v,
                 mask_v, H, V, HAS_Z)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
@@ -237,7 +242,7 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                      BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
+                      BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
                       HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr):
     """Output-only verify of T Mamba-2 drafts (chain or tree):
     y_t = exp(G_t) Sc C_t + sum_{i on the path to t} exp(G_t - G_i) (B_i . C_t) u_i + D x_t;
@@ -257,7 +262,7 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
         o_kc = c * BKC + tl.arange(0, BKC)
         Cc = tl.load(C_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
         Bc = tl.load(B_ptr + bc_rows[:, None] + o_kc[None, :], mask=mask_t[:, None], other=0.0).to(tl.float32)
-        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, RC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, READ_COPY)
         Kr = tl.load(reck_base + o_r[:, None] * (G * K) + o_kc[None, :], mask=mask_r[:, None], other=0.0).to(tl.float32)
         ac += S0[None, :, :] * Cc[:, None, :]
         KrC += tl.sum(Kr[:, None, :] * Cc[None, :, :], axis=2)
@@ -274,8 +279,8 @@ def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_
                           slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                           H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                          BKC: tl.constexpr, BR: tl.constexpr, RC: tl.constexpr,
-                          HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, PREC: tl.constexpr):
+                          BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
+                          HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """_m2_verify_kernel with the products on tensor cores: the drafts' C (rows 0..BT-1) and B (rows
     BT..2BT-1) stacked into one operand X (BT >= 8: >= 16 rows), S0 X^T, K_r X^T and X X^T one dot
     each per column chunk, the records' share of Sc C_t one dot more (3xTF32 default)."""
@@ -288,9 +293,9 @@ def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_
     reck_base = reck_ptr + (slot * R * G + i_g) * K
     S0X, KrX, XX, _nx, _is_c = stacked_draft_pass(C_ptr, B_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
                                                   slot * H + i_h, o_v, mask_v, reck_base, o_r, mask_r, G, K, T, BT,
-                                                  BV, BKC, BR, RC, PREC, False)
+                                                  BV, BKC, BR, READ_COPY, DOT_PRECISION, False)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=PREC)   # rows: Sc C_t, Sc B_t
+    SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=DOT_PRECISION)   # rows: Sc C_t, Sc B_t
     SC, _SB, CB, _BB = stacked_halves(SX, XX, BT, BV)
     _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
                       recg_ptr, reck_base, (tok * G + i_g) * K, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
@@ -298,7 +303,7 @@ def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_
 
 
 @triton.jit
-def _m2_conv_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr,
+def _m2_conventional_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr,
                     state_ptr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, HAS_Z: tl.constexpr):
     i_v, i_h, i_b, o_v, mask_v, o_k, mask_k, offs, mask2, S = state_tile(slots_ptr, state_ptr, H, K, V, BV, BK)
@@ -330,23 +335,20 @@ def _block_v(P, block_v):
     return check_block_v(block_v, min(max(next_pow2(P), 16), 32))
 
 
-def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, block_v=None,
-           block_k=None, num_warps=None, stages=None, flush_block_k=None, method=None,
-           flush_warps=None, flush_list=None):
+def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, method=None, tuning=None,
+           flush_list=None):
     """One Mamba-2 decode step of a batch, in place on the pool (record at cursor; flush rows
-    fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype.
-    Tuning knobs (defaults: common.decode_plan): stages software-pipelines the state loop
-    (common.check_stages); flush_block_k is the flush rows' column chunk (their fp32 read and the
-    fold; head_k_dim: the tile is loaded once and folded in registers); flush_warps the split
-    decode's flush launch's warps (default >= 4). method: "fused" (one launch for all rows),
-    "split" (a flush-row list, the flush rows on a side stream; the other rows through a small
-    kernel for the group's record products, then the state pass) or None (common.decode_plan: split
-    where it measured faster). flush_list: the split decode's (rows, count) of common.flush_list for
-    these slots and the pool's cursors, computed once per step and shared by its layers, or a function
-    returning them (called only by a split decode; None: computed here)."""
+    fold). Same contract as reference.mamba2.decode; returns y [B, H, P] in x's dtype. method:
+    "fused" (one launch for all rows), "split" (a flush-row list, the flush rows on a side stream; the
+    other rows through a small kernel for the group's record products, then the state pass) or None
+    (tuning.decode_plan: split where it measured faster). tuning: a KernelTuning (None:
+    tuning.decode_plan's blocks). flush_list: the split decode's (rows, count) of
+    split_decode.flush_list for these slots and the pool's cursors, computed once per step and shared
+    by its layers, or a function returning them (called only by a split decode; None: computed here)."""
+    tuning = check_tuning(tuning)
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, x, dt, A, B, C, D, dt_bias, z, out=out,
-                                   block_v=block_v, num_warps=num_warps)
+                                   tuning=KernelTuning(block_v=tuning.block_v, num_warps=tuning.num_warps))
     lv = LayerViews(pool, layer)
     Bn = check_slots(slots, lv.device, lv.num_slots)
     H, G, P, N = lv.H, lv.Hk, lv.Dv, lv.Dk
@@ -354,55 +356,60 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     out = output_tensor(out, (Bn, H, P), x, lv.device)
     if Bn == 0:
         return out
-    method, kn = decode_plan("mamba2", lv.rc_mode, Bn, H, N, method,
-                             dict(block_v=block_v, block_k=block_k, num_warps=num_warps, stages=stages,
-                                  flush_block_k=flush_block_k, flush_warps=flush_warps))
-    block_v, block_k, num_warps, stages, flush_block_k, flush_warps = (
-        kn[n] for n in ("block_v", "block_k", "num_warps", "stages", "flush_block_k", "flush_warps"))
+    method, tuning = decode_plan("mamba2", lv.rc_mode, Bn, H, N, method, tuning)
+    block_v, block_k, num_warps, stages = tuning.block_v, tuning.block_k, tuning.num_warps, tuning.stages
     BV = _block_v(P, block_v)
     nw = num_warps or default_warps(Bn, H)
-    if lv.rc_mode == common.RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
+    if lv.rc_mode == RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
         BV = max(16, next_pow2(lv.Dv))
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
-    fbk = check_flush_block_k(flush_block_k, N)
+    fbk = check_flush_block_k(tuning.flush_block_k, N)
+    zz = z if z is not None else x   # HAS_Z False: never read
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
-    frows, nflush, nfp, fmin, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw, flush_warps,
-                                                                  flush_list)
+    frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw,
+                                                                      tuning.flush_warps, flush_list)
     with on_stream(side):
-        grid = (triton.cdiv(P, BV), H, rows)
-        _m2_decode_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
-                                lv.cursor, lv.folded, frows, nflush, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k,
-                                lv.rec_g, lv.seed, lv.layer, fmin,
-                                H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV,
-                                BKC=block_k or chunk_k(N), BR=BR, RC=lv.rc_mode,
-                                CKPT_SR=lv.ckpt_sr, SHARED=lv.shared_quant, HAS_Z=z is not None,
-                                INTERPRET=INTERPRET, ACC=nw >= 4 and (fbk or block_k or 32) <= 32, FBKC=fbk,
-                                NS=check_stages(stages), NFP=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
+        _m2_decode_kernel[(triton.cdiv(P, BV), H, rows)](
+            # the token's inputs and the output
+            x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz, out_ptr=out,
+            # the rows, their cursors and fold counts, the split decode's flush list
+            slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=frows, nflush_ptr=nflush,
+            # the layer's state: checkpoint, read copy and its scales, the records
+            ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
+            recg_ptr=lv.rec_g,
+            seed=lv.seed, layer=lv.layer, min_rows=min_rows,
+            H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(N), BR=BR,
+            READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, HAS_Z=z is not None,
+            INTERPRET=INTERPRET, REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, FLUSH_BLOCK_K=fbk,
+            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
-        _m2_decode_prep_kernel[(G, Bn)](B, C, slots, lv.cursor, lv.rec_k, prep, G=G, K=N, R=lv.R,
-                                        WINDOW=lv.window,
-                                        BR=BR, num_warps=common.PREP_WARPS)
+        _m2_decode_prep_kernel[(G, Bn)](B_ptr=B, C_ptr=C, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,
+                                        prep_ptr=prep, G=G, K=N, R=lv.R, WINDOW=lv.window, BR=BR,
+                                        num_warps=PREP_WARPS)
         rbv, rnw = _block_v(P, block_v), num_warps or default_warps(Bn, H)
         _m2_decode_read_kernel[(triton.cdiv(P, rbv), H, Bn)](
-            x, dt, A, C, D, dt_bias, z if z is not None else x, out, slots, lv.cursor, lv.ckpt, rc, rs, rgs,
-            lv.rec_d, lv.rec_g, prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
-            BKC=block_k or chunk_k(N), BR=BR, RC=lv.rc_mode, HAS_Z=z is not None, ACC=rnw >= 4,
-            NS=check_stages(stages), num_warps=rnw)
+            x_ptr=x, dt_ptr=dt, A_ptr=A, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz, out_ptr=out, slots_ptr=slots,
+            cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d,
+            recg_ptr=lv.rec_g, prep_ptr=prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
+            BKC=block_k or chunk_k(N), BR=BR, READ_COPY=lv.rc_mode, HAS_Z=z is not None, REDUCE_ONCE=rnw >= 4,
+            NUM_STAGES=check_stages(stages), num_warps=rnw)
     join_stream(side)
     return out
 
 
-def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None, *, out=None,
-           block_v=None, block_k=None, num_warps=None, method=None, stages=None):
+def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None, *, out=None, method=None,
+           tuning=None):
     """Output-only verify of T Mamba-2 draft tokens per row (x [B, T, H, P], dt [B, T, H],
     B/C [B, T, G, N], z [B, T, H, P] or None; parents [B, T] int32 or None for a chain). Writes the
     draft records at cursor..cursor+T-1 (no state write); returns y [B, T, H, P] in x's dtype.
     Commit with pool.commit(..., fold=fold). method: "fma" (exact fp32 broadcast products), "mma" (the
-    state-sized products as 3xTF32 tensor-core dots; stages: its launch's pipelining, common.launch_stages)
-    or None ("mma": 2-3x faster at T = 4..8 on the H200). Default blocks: common.VERIFY_TUNED."""
+    state-sized products as 3xTF32 tensor-core dots) or None ("mma": 2-3x faster at T = 4..8 on the
+    H200). tuning: a KernelTuning (default blocks: tuning.VERIFY_TUNED; stages: the mma launch's
+    pipelining, checks.launch_stages; dot_precision: the mma launch's)."""
+    tuning = check_tuning(tuning)
     if getattr(pool.cfg, "mode", "replay") != "replay":
         raise ValueError("verify kernels need a pool in mode='replay' (conventional verify keeps snapshots)")
     lv = LayerViews(pool, layer)
@@ -418,24 +425,29 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     out = output_tensor(out, (Bn, T, H, P), x, lv.device)
     if Bn == 0:
         return out
-    method, BV, num_warps = verify_plan("mamba2", method, block_v, num_warps)
+    method, BV, num_warps = verify_plan("mamba2", method, tuning)
     rc, rs, rgs = lv.rc_args()
-    grid = (triton.cdiv(P, BV), H, Bn)
     kern, BT, extra = _m2_verify_kernel, next_pow2(T), {}
     if method == "mma":
         kern, BT = _m2_verify_mma_kernel, max(8, next_pow2(T))
-        extra = dict(PREC=common.DOT_PREC, **launch_stages(stages))
-    kern[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, parents if parents is not None else slots, out,
-               slots, lv.cursor, lv.ckpt, rc, rs, rgs, lv.rec_d, lv.rec_k, lv.rec_g,
-               H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=BT, BV=BV,
-               BKC=check_block_k(block_k, N) or chunk_k(N, 16), BR=max(16, next_pow2(lv.window)), RC=lv.rc_mode,
-               HAS_PARENTS=parents is not None, HAS_Z=z is not None, num_warps=num_warps, **extra)
+        extra = dict(DOT_PRECISION=tuning.dot_precision or DOT_PREC, **launch_stages(tuning.stages))
+    kern[(triton.cdiv(P, BV), H, Bn)](
+        # the drafts' inputs and the output (z, parents: never read where HAS_Z / HAS_PARENTS is False)
+        x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=z if z is not None else x,
+        par_ptr=parents if parents is not None else slots, out_ptr=out,
+        # the rows and the layer's state
+        slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs,
+        recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g,
+        H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=BT, BV=BV, BKC=check_block_k(tuning.block_k, N) or chunk_k(N, 16),
+        BR=max(16, next_pow2(lv.window)), READ_COPY=lv.rc_mode, HAS_PARENTS=parents is not None,
+        HAS_Z=z is not None, num_warps=num_warps, **extra)
     return out
 
 
-def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None,
-                        block_v=None, num_warps=None):
-    """Conventional Mamba-2 decode: read, update and write state[slots] ([S, H, P, N]) in place."""
+def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, tuning=None):
+    """Conventional Mamba-2 decode: read, update and write state[slots] ([S, H, P, N]) in place.
+    tuning: a KernelTuning (its block_v and num_warps)."""
+    tuning = check_tuning(tuning)
     check(isinstance(state, torch.Tensor) and state.dim() == 4,
           "state must be a 4-D tensor [S, H, P, N]")
     check_tensor("state", state, dtype=(torch.float32, torch.float16, torch.bfloat16))
@@ -446,15 +458,15 @@ def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out
     out = output_tensor(out, (Bn, H, P), x, state.device)
     if Bn == 0:
         return out
-    BV = _block_v(P, block_v)
-    grid = (triton.cdiv(P, BV), H, Bn)
-    _m2_conv_kernel[grid](x, dt, A, B, C, D, dt_bias, z if z is not None else x, out, slots,
-                          state, H=H, G=G, K=N, V=P, BV=BV, BK=next_pow2(N), HAS_Z=z is not None,
-                          num_warps=num_warps or 4)
+    BV = _block_v(P, tuning.block_v)
+    _m2_conventional_kernel[(triton.cdiv(P, BV), H, Bn)](
+        x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=z if z is not None else x,
+        out_ptr=out, slots_ptr=slots, state_ptr=state, H=H, G=G, K=N, V=P, BV=BV, BK=next_pow2(N),
+        HAS_Z=z is not None, num_warps=tuning.num_warps or 4)
     return out
 
 
-def fold(pool, layer, slots, counts, **kw):
+def fold(pool, layer, slots, counts, *, tuning=None):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
-    in one launch (layer None); counts 0 = no-op (common.fold)."""
-    common.fold(pool, layer, slots, counts, per_channel=False, **kw)
+    in one launch (layer None); counts 0 = no-op (fold.fold with the scalar-decay kernel)."""
+    fold_records(pool, layer, slots, counts, _fold_kernel, tuning)

@@ -7,8 +7,8 @@
   A pool in `mode="conventional"` makes the same calls do conventional decoding (the baseline);
   on CUDA the kernels' `conventional_decode` updates the state in place.
 * `decode_options` / `verify_options`: keyword arguments for the Triton decode / verify wrappers
-  (block sizes, warps, `stages`, GDN's verify `method`), checked against their signatures; unused
-  by the reference path.
+  (`method`, `tuning`: a `kernels.tuning.KernelTuning` of block sizes, warps, stages), checked against
+  their signatures; unused by the reference path.
 * `forward_scope(mode, slots)`: the model wraps each forward in it; a ReplaySSM decode step on the
   kernels then builds the split decode's flush-row list once for all SSM layers.
 * `replay_verify=False` (--no-replayssm-verify) with a ReplaySSM pool: verify steps the plain
@@ -85,8 +85,8 @@ class SSMOps:
         # the split decode's flush-row list, once per decode step for every layer (forward_scope)
         self._flush_list_fn = None
         if kern is not None and "flush_list" in inspect.signature(kern.decode).parameters:
-            from ..kernels import common
-            self._flush_list_fn = common.flush_list
+            from ..kernels import split_decode
+            self._flush_list_fn = split_decode.flush_list
         self._flush = None   # (slots, function returning (rows, count)) inside a decode forward_scope
 
     @property

@@ -3,10 +3,10 @@
 from .config import CKPT_PRECISIONS, FAMILIES, READ_COPIES, ReplayConfig, SSMGeometry
 from .errors import (BadSlotError, CommitError, ConfigError, DoubleFreeError, DraftOverflowError,
                      PoolError, PoolExhaustedError)
-from .pool import LayerView, ReplayStatePool, SlotAllocator
+from .pool import ReplayStatePool, SlotAllocator
 
 __all__ = [
     "CKPT_PRECISIONS", "FAMILIES", "READ_COPIES", "ReplayConfig", "SSMGeometry",
     "BadSlotError", "CommitError", "ConfigError", "DoubleFreeError", "DraftOverflowError", "PoolError",
-    "PoolExhaustedError", "LayerView", "ReplayStatePool", "SlotAllocator",
+    "PoolExhaustedError", "ReplayStatePool", "SlotAllocator",
 ]

@@ -48,10 +48,6 @@ class SSMGeometry:
     def per_channel_decay(self) -> bool:
         return self.family == "kda"
 
-    @property
-    def delta_rule(self) -> bool:
-        return self.family in ("gdn", "kda")
-
 
 @dataclass(frozen=True)
 class ReplayConfig:

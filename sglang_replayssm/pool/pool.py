@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -73,24 +72,6 @@ class SlotAllocator:
         return slot in self._used
 
 
-@dataclass
-class LayerView:
-    """The tensors of one SSM layer (views into the pool's stacked tensors); ``None`` where the
-    configuration keeps no such tensor."""
-
-    layer: int
-    ckpt: torch.Tensor
-    rc: torch.Tensor | None
-    rc_scale: torch.Tensor | None
-    rc_gscale: torch.Tensor | None
-    rec_d: torch.Tensor | None
-    rec_k: torch.Tensor | None
-    rec_g: torch.Tensor | None
-    conv: torch.Tensor | None
-    conv_in: torch.Tensor | None
-    snap: torch.Tensor | None
-
-
 class ReplayStatePool:
     """See module docstring and docs/layout.md for the tensors."""
 
@@ -141,13 +122,6 @@ class ReplayStatePool:
         self._commit_graphs: dict = {}          # (rows, fold) -> (CUDA graph of a chain commit, its input buffer)
 
     # ------------------------------------------------------------------ views and sizes
-    def layer(self, l: int) -> LayerView:
-        if not 0 <= l < self.num_layers:
-            raise BadSlotError(f"layer {l} out of range 0..{self.num_layers - 1}")
-        pick = lambda t: None if t is None else t[l]  # noqa: E731
-        return LayerView(l, self.ckpt[l], pick(self.rc), pick(self.rc_scale), pick(self.rc_gscale), pick(self.rec_d),
-                         pick(self.rec_k), pick(self.rec_g), pick(self.conv), pick(self.conv_in), pick(self.snap))
-
     def _per_slot_tensors(self) -> list[torch.Tensor]:
         ts = [self.ckpt, self.rc, self.rc_scale, self.rc_gscale, self.rec_d, self.rec_k, self.rec_g, self.snap,
               self.conv, self.conv_in]

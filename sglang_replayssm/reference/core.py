@@ -139,7 +139,7 @@ def evaluate_tokens(S0: torch.Tensor, rec: Records, q: torch.Tensor, k: torch.Te
 def verify_matrix_form(S0: torch.Tensor, rec: Records, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        g: torch.Tensor, beta: torch.Tensor | None,
                        parents: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as :func:`evaluate_tokens`, written as the two small matmuls of DESIGN.md:
+    """The same as :func:`evaluate_tokens`, written as two small matmuls:
     ``O = S_c (D * Q) + (W * (K^T Q)) d`` with ``W[i, l] = exp(G_i - G_l)`` on ancestors-or-self,
     and, for delta families, the lower-triangular solve ``(I + diag(beta) (W_strict * K^T K)) d = beta (v - S_c(D * K))``.
     Per-channel decays (KDA) enter the dot products channel-wise."""

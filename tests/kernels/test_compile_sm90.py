@@ -3,7 +3,7 @@
 The rest of the suite runs the kernels under TRITON_INTERPRET=1, which accepts code the real
 compiler refuses (it let a non-constexpr global reach the attention kernel). This compiles each
 kernel through its real wrapper for sm_90 with Triton's own pipeline and ptxas, without a GPU
-(bench/kernel_resources.py), in a subprocess without the interpreter.
+(tests/kernels/kernel_resources.py), in a subprocess without the interpreter.
 """
 import json
 import os
@@ -14,10 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kernel", "_m2_verify_mma_kernel",
-            "_gdn_decode_prep_kernel", "_gdn_decode_read_kernel", "_m2_verify_kernel", "_m2_conv_kernel", "_fold_kernel",
-            "_gdn_decode_kernel", "_gdn_verify_kernel", "_gdn_verify_mma_kernel", "_gdn_conv_kernel",
+            "_gdn_decode_prep_kernel", "_gdn_decode_read_kernel", "_m2_verify_kernel", "_m2_conventional_kernel", "_fold_kernel",
+            "_gdn_decode_kernel", "_gdn_verify_kernel", "_gdn_verify_mma_kernel", "_gdn_conventional_kernel",
             "_gdn_draft_gram_kernel", "_gdn_verify_split_kernel",
-            "_kda_decode_kernel", "_kda_decode_prep_kernel", "_kda_decode_read_kernel", "_kda_verify_kernel", "_kda_verify_mma_kernel", "_kda_conv_kernel", "_kda_fold_kernel", "_attn_kernel", "_combine_kernel",
+            "_kda_decode_kernel", "_kda_decode_prep_kernel", "_kda_decode_read_kernel", "_kda_verify_kernel", "_kda_verify_mma_kernel", "_kda_conventional_kernel", "_kda_fold_kernel", "_attn_kernel", "_combine_kernel",
             # the native engine's fused non-SSM kernels
             "_add_rms_norm_kernel", "_group_norm_kernel", "_act_mul_kernel", "_norm_rope_kernel", "_conv_kernel",
             # the pool's conv-state roll at commit (kernels/conv_state.py)
@@ -29,7 +29,7 @@ EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kern
 # below too, stays 0 even when ptxas spills: the spills live in the stack frame.)
 STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8, ("_kda_fold_kernel", "fold nvfp4"): 8,
                  ("_gdn_decode_kernel", "decode fp16-sr"): 16, ("_kda_decode_kernel", "decode fp16-sr"): 16,
-                 # The library's tuned split decode (common.SPLIT_TUNED): its flush launch folds whole 128-column
+                 # The library's tuned split decode (tuning.SPLIT_TUNED): its flush launch folds whole 128-column
                  # rows in 1-2 warps and spills to the stack (Triton 3.6 on the H200: Mamba-2 Nano 208 / 232,
                  # GDN fp8 240, KDA 72 / 152 bytes). It runs for the 1/16 of the rows that flush, beside the read
                  # pass, and measured faster than the spill-free launches with more warps (bench/README.md,
@@ -46,7 +46,7 @@ def test_every_kernel_compiles_for_sm90_without_spills(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     geos = "mamba2_nemotron3_nano4b,gdn_qwen35_4b,kda_32h"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_resources.py"), "--quick", "--geos", geos,
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels" / "kernel_resources.py"), "--quick", "--geos", geos,
                         "--out", str(tmp_path), "--sass-dir", str(tmp_path / "sass")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads((tmp_path / "kernel_resources.json").read_text())["rows"]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels import gdn as kgdn, kda as kkda, mamba2 as km2
+from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import gdn as rgdn, mamba2 as rm2
 from sglang_replayssm.reference.replay import fold_rows
 
@@ -24,7 +25,7 @@ def test_fold_blocks_match_the_reference(family, read_copy, blocks):
     counts = torch.tensor([4, 0, 6, 2], dtype=torch.int32, device=DEV)   # slot 3: count 0, untouched
     bv, bk, nw = blocks
     before = pk.ckpt.clone()
-    KERNELS[family].fold(pk, 1, slots, counts, block_v=bv, block_k=bk, num_warps=nw)
+    KERNELS[family].fold(pk, 1, slots, counts, tuning=KernelTuning(block_v=bv, block_k=bk, num_warps=nw))
     fold_rows(pr, 1, [1, 5, 2], [4, 6, 2])
     close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
     assert torch.equal(pk.ckpt[:, 3], before[:, 3]) and torch.equal(pk.ckpt[0], before[0])
@@ -37,11 +38,11 @@ def test_fold_refuses_bad_blocks():
     slots = torch.tensor([1], dtype=torch.int32, device=DEV)
     counts = torch.tensor([2], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="block_k must be None or a power of 2 >= 16 dividing head_k_dim 16, got 32"):
-        kgdn.fold(pk, 0, slots, counts, block_k=32)
+        kgdn.fold(pk, 0, slots, counts, tuning=KernelTuning(block_k=32))
     with pytest.raises(ValueError, match="block_v must be None or a power of 2 >= 16, got 24"):
-        kgdn.fold(pk, 0, slots, counts, block_v=24)
+        kgdn.fold(pk, 0, slots, counts, tuning=KernelTuning(block_v=24))
     with pytest.raises(ValueError, match="num_warps must be None or a power of 2 in 1..16, got 3"):
-        kgdn.fold(pk, 0, slots, counts, num_warps=3)
+        kgdn.fold(pk, 0, slots, counts, tuning=KernelTuning(num_warps=3))
 
 
 @pytest.mark.parametrize("family", ["gdn", "mamba2"])
@@ -64,12 +65,12 @@ def test_verify_mma_stages_and_whole_row_chunk(family):
         x = dict(x=r(3, T, H, Dv), dt=r(3, T, H), B=r(3, T, Hk, Dk), C=r(3, T, Hk, Dk), z=r(3, T, H, Dv))
     for p in (pk, pr):
         p.begin_verify(slots_l, T)
-    ok = km.verify(pk, 0, slots, **x, **par, method="mma", block_k=Dk, stages=1)
+    ok = km.verify(pk, 0, slots, **x, **par, method="mma", tuning=KernelTuning(block_k=Dk, stages=1))
     orf = rm.verify(pr, 0, slots, **x, **par)
     close(ok, orf, rtol=5e-4, atol=5e-5)
     close(pk.rec_d, pr.rec_d, rtol=5e-4, atol=5e-5)
     with pytest.raises(ValueError, match="stages must be None or an int in 1..4, got 0"):
-        km.verify(pk, 0, slots, **x, **par, method="mma", stages=0)
+        km.verify(pk, 0, slots, **x, **par, method="mma", tuning=KernelTuning(stages=0))
     with pytest.raises(ValueError, match="method must be None"):
         km.verify(pk, 0, slots, **x, **par, method="tensor")
 

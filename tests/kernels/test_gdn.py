@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels import gdn as kgdn
+from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import gdn as rgdn
 
 from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
@@ -63,8 +64,9 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, warps, stages, method):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 5, H, Hk, Dv, Dk)
-        ok = kgdn.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages,
-                         flush_block_k=16 if read_copy == "fp8" else None, method=method)
+        ok = kgdn.decode(pk, layer, slots, **x, **par, method=method,
+                         tuning=KernelTuning(num_warps=warps, stages=stages,
+                                             flush_block_k=16 if read_copy == "fp8" else None))
         orf = rgdn.decode(pr, layer, slots, **x, **par)
         tol = dict(rtol=2e-4, atol=2e-5)
         close(ok[:-1], orf[:-1], **tol)
@@ -197,13 +199,13 @@ def test_wrapper_errors():
     with pytest.raises(ValueError, match="layer"):
         kgdn.decode(pk, 5, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)
     with pytest.raises(ValueError, match="stages must be None or an int >= 2, got 1"):
-        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, stages=1)
+        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, tuning=KernelTuning(stages=1))
     with pytest.raises(ValueError, match="flush_block_k must be None or a power of 2 >= 16 dividing"):
-        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, flush_block_k=24)
+        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, tuning=KernelTuning(flush_block_k=24))
     with pytest.raises(ValueError, match="block_k must be None or a power of 2 >= 16 dividing head_k_dim"):
-        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, block_k=48)
+        kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, tuning=KernelTuning(block_k=48))
     with pytest.raises(ValueError, match="flush_warps must be None or a power of 2 in 1..16, got 3"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, method="split",
-                    flush_warps=3)
+                    tuning=KernelTuning(flush_warps=3))
     with pytest.raises(ValueError, match="verify"):
         kgdn.verify(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels import kda as kkda
+from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import kda as rkda
 
 from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
@@ -36,8 +37,8 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, shared, stages, method)
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 4, H, Hk, Dv, Dk)
-        ok = kkda.decode(pk, 1, slots, **x, **par, stages=stages, flush_block_k=16 if read_copy == "fp8" else None,
-                          method=method)
+        ok = kkda.decode(pk, 1, slots, **x, **par, method=method,
+                         tuning=KernelTuning(stages=stages, flush_block_k=16 if read_copy == "fp8" else None))
         orf = rkda.decode(pr, 1, slots, **x, **par)
         close(ok[:-1], orf[:-1])
         compare_pools(pk, pr, 1, read_copy, ckpt)
@@ -132,4 +133,4 @@ def test_verify_method_errors():
     with pytest.raises(ValueError, match="method must be None, 'fma' or 'mma', got 'split'"):
         kkda.verify(pk, 0, slots, **x, **params(g, H, Dk), method="split")
     with pytest.raises(ValueError, match="stages must be None or an int in 1..4, got 5"):
-        kkda.verify(pk, 0, slots, **x, **params(g, H, Dk), method="mma", stages=5)
+        kkda.verify(pk, 0, slots, **x, **params(g, H, Dk), method="mma", tuning=KernelTuning(stages=5))

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels import mamba2 as km2
+from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import mamba2 as rm2
 
 from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
@@ -38,8 +39,9 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps, stages, metho
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 4, H, G, P, N, z=z)
-        yk = km2.decode(pk, layer, slots, **x, **par, num_warps=warps, stages=stages,
-                        flush_block_k=16 if read_copy == "fp8" else None, method=method)
+        yk = km2.decode(pk, layer, slots, **x, **par, method=method,
+                        tuning=KernelTuning(num_warps=warps, stages=stages,
+                                            flush_block_k=16 if read_copy == "fp8" else None))
         yr = rm2.decode(pr, layer, slots, **x, **par)
         close(yk[:-1], yr[:-1])
         compare_pools(pk, pr, layer, read_copy, ckpt)

@@ -1,10 +1,12 @@
-"""The split decode's flush launch runs over a flush-row list built on the device (common.flush_list),
+"""The split decode's flush launch runs over a flush-row list built on the device (split_decode.flush_list),
 with fewer row programs than rows: a step where every row flushes at once (more flush rows than
 row programs, so each program takes several) must still match the reference, for every family."""
 import pytest
 import torch
 
-from sglang_replayssm.kernels import common, gdn as kgdn, kda as kkda, mamba2 as km2
+from sglang_replayssm.kernels import gdn as kgdn, kda as kkda, mamba2 as km2, split_decode, tuning
+from sglang_replayssm.kernels.constants import RC_FP8, RC_NONE, RC_NVFP4
+from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import gdn as rgdn, kda as rkda, mamba2 as rm2
 
 from . import test_gdn, test_kda, test_mamba2
@@ -34,13 +36,13 @@ def test_every_row_flushing_at_once(family, read_copy, whole):
     B = 6
     slots = torch.tensor([3, 6, 1, 7, 2, 5], dtype=torch.int32, device=DEV)  # slot 4 untouched
     pk.cursor[slots.long()] = window - 1  # every row's record fills the window this step
-    rows, count, nfp = common.flush_list(slots, pk.cursor, window)
+    rows, count, nfp = split_decode.flush_list(slots, pk.cursor, window)
     assert int(count) == B and rows.tolist() == list(range(B))
     assert nfp < B  # the flush launch has fewer row programs than flush rows: each takes several
     pr = clone_pool(pk)
     before = snapshot(pk)
     x, par = _step_inputs(family, g, pk, B)
-    fbk = {"flush_block_k": pk.geo.state_shape[2]} if whole else {}
+    fbk = {"tuning": KernelTuning(flush_block_k=pk.geo.state_shape[2])} if whole else {}
     ok = kmod.decode(pk, 0, slots, **x, **par, method="split", **fbk)
     orf = rmod.decode(pr, 0, slots, **x, **par)
     close(ok, orf)
@@ -56,17 +58,17 @@ def test_every_row_flushing_at_once(family, read_copy, whole):
 
 @pytest.mark.parametrize("fmin,working", [(1, 4), (4, 3), (8, 2), (16, 1)])
 def test_flush_rows_min_splits_the_list_among_the_working_programs(monkeypatch, fmin, working):
-    """fmin (common.flush_rows_min): 12 rows flush at once on 4 row programs (NFP); ceil(12 / fmin) of
+    """fmin (tuning.flush_rows_min): 12 rows flush at once on 4 row programs (NFP); ceil(12 / fmin) of
     them work (fmin 4: three, the fourth idle), each folding every working-th listed row. Every row must
     be folded exactly once (a row folded twice or skipped leaves a wrong checkpoint), then a step with
     one flush row (a single program works) and the rest reading."""
-    monkeypatch.setattr(common, "flush_rows_min", lambda family, B, window: fmin)
+    monkeypatch.setattr(split_decode, "flush_rows_min", lambda family, B, window: fmin)
     g = torch.Generator().manual_seed(11 + fmin)
     window = 8
     pk = make_pool("gdn", window=window, num_slots=14, read_copy="fp8", gen=g)
     slots = torch.randperm(13, generator=g)[:12].add(1).int().to(DEV)
     pk.cursor[slots.long()] = window - 1
-    rows, count, nfp = common.flush_list(slots, pk.cursor, window)
+    rows, count, nfp = split_decode.flush_list(slots, pk.cursor, window)
     assert int(count) == 12 and nfp == 4 and min(nfp, -(-12 // fmin)) == working
     pr = clone_pool(pk)
     for step in range(2):
@@ -91,13 +93,13 @@ def test_value_rows_not_a_multiple_of_the_block(read_copy):
     pk = make_pool("mamba2", window=window, num_slots=7, read_copy=read_copy, head_v_dim=24, gen=g)
     pr = clone_pool(pk)
     slots = torch.tensor([5, 2, 7, 0, 3], dtype=torch.int32, device=DEV)   # slot 0: padding
-    knobs = dict(block_v=16, block_k=16, num_warps=1, flush_block_k=pk.geo.state_shape[2], flush_warps=2)
+    knobs = KernelTuning(block_v=16, block_k=16, num_warps=1, flush_block_k=pk.geo.state_shape[2], flush_warps=2)
     flushes = 0
     for _ in range(2 * window + 1):
         flushes += int(((pk.cursor[slots[slots > 0].long()] + 1) == window).sum())
         before = snapshot(pk)
         x, par = _step_inputs("mamba2", g, pk, slots.numel())
-        yk = km2.decode(pk, 0, slots, **x, **par, method="split", **knobs)
+        yk = km2.decode(pk, 0, slots, **x, **par, method="split", tuning=knobs)
         yr = rm2.decode(pr, 0, slots, **x, **par)
         close(yk[slots > 0], yr[slots > 0])
         compare_pools(pk, pr, 0, read_copy, "fp32")
@@ -111,7 +113,7 @@ def test_flush_list_picks_the_flush_rows_in_order():
     g = torch.Generator().manual_seed(3)
     cursor = torch.randint(0, 4, (40,), generator=g, dtype=torch.int32).to(DEV)
     slots = torch.randperm(39, generator=g)[:23].add(1).int().to(DEV)
-    rows, count, nfp = common.flush_list(slots, cursor, 4)
+    rows, count, nfp = split_decode.flush_list(slots, cursor, 4)
     want = [b for b, s in enumerate(slots.tolist()) if cursor[s] + 1 >= 4]
     assert int(count) == len(want) and rows[:len(want)].tolist() == want
     assert nfp == min(23, 2 * -(-23 // 4))
@@ -120,47 +122,47 @@ def test_flush_list_picks_the_flush_rows_in_order():
 def test_flush_rows_min_keeps_the_family_s_working_programs_in_steady_state():
     """B / window rows flush per step in steady state: fmin = ceil(ceil(B / window) / FLUSH_PROGRAMS[family]),
     so that count keeps that many row programs working; families not listed get 1 (all work)."""
-    for family, a in common.FLUSH_PROGRAMS.items():
+    for family, a in tuning.FLUSH_PROGRAMS.items():
         for B, window in ((256, 16), (64, 16), (512, 16), (1, 16), (7, 4)):
-            fmin = common.flush_rows_min(family, B, window)
+            fmin = tuning.flush_rows_min(family, B, window)
             n = -(-B // window)
             assert fmin >= 1 and min(-(-n // fmin), 2 * n) == min(a, n)
-    assert common.flush_rows_min("gdn", 256, 16) == 8 and common.flush_rows_min("mamba2", 256, 16) == 16
-    assert common.flush_rows_min("kda", 256, 16) == 1
+    assert tuning.flush_rows_min("gdn", 256, 16) == 8 and tuning.flush_rows_min("mamba2", 256, 16) == 16
+    assert tuning.flush_rows_min("kda", 256, 16) == 1
 
 
 def test_decode_plan_picks_the_measured_method_and_config():
-    none = dict(block_v=None, block_k=None, num_warps=None, stages=None, flush_block_k=None, flush_warps=None)
+    none = KernelTuning()
     # a read copy on a full grid: split with the tuned blocks (block_k capped at head_k_dim)
-    m, kn = common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, None, none)
-    assert m == "split" and kn == dict(block_v=32, block_k=128, num_warps=1, stages=None, flush_block_k=128,
+    m, kn = tuning.decode_plan("gdn", RC_FP8, 256, 32, 128, None, none)
+    assert m == "split" and kn == KernelTuning(block_v=32, block_k=128, num_warps=1, stages=None, flush_block_k=128,
                                        flush_warps=2)
-    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 128, 16, None, none)
-    assert m == "split" and kn["block_v"] == 32 and kn["block_k"] == 16 and kn["flush_block_k"] == 16
-    m, kn = common.decode_plan("mamba2", common.RC_FP8, 256, 96, 128, None, none)
-    assert m == "split" and kn == dict(block_v=32, block_k=32, num_warps=1, stages=None, flush_block_k=128,
+    m, kn = tuning.decode_plan("mamba2", RC_FP8, 256, 128, 16, None, none)
+    assert m == "split" and kn.block_v == 32 and kn.block_k == 16 and kn.flush_block_k == 16
+    m, kn = tuning.decode_plan("mamba2", RC_FP8, 256, 96, 128, None, none)
+    assert m == "split" and kn == KernelTuning(block_v=32, block_k=32, num_warps=1, stages=None, flush_block_k=128,
                                        flush_warps=2)
     # Mamba-2 with the fp32 checkpoint read: split too, in 16-row blocks with a 1-warp flush launch
-    m, kn = common.decode_plan("mamba2", common.RC_NONE, 256, 96, 128, None, none)
-    assert m == "split" and kn == dict(block_v=16, block_k=32, num_warps=1, stages=None, flush_block_k=128,
+    m, kn = tuning.decode_plan("mamba2", RC_NONE, 256, 96, 128, None, none)
+    assert m == "split" and kn == KernelTuning(block_v=16, block_k=32, num_warps=1, stages=None, flush_block_k=128,
                                        flush_warps=1)
-    m, kn = common.decode_plan("kda", common.RC_FP8, 256, 32, 128, None, none)
-    assert m == "split" and kn == dict(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128,
+    m, kn = tuning.decode_plan("kda", RC_FP8, 256, 32, 128, None, none)
+    assert m == "split" and kn == KernelTuning(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128,
                                        flush_warps=2)
     # fp32 GDN, small grids and NVFP4: fused, knobs untouched
-    for fam, rc, b in (("gdn", common.RC_NONE, 256), ("mamba2", common.RC_NONE, 8), ("gdn", common.RC_FP8, 8),
-                       ("kda", common.RC_NVFP4, 256)):
-        assert common.decode_plan(fam, rc, b, 32, 128, None, none) == ("fused", none)
-    assert common.decode_plan("kda", common.RC_NONE, 64, 32, 128, None, none)[0] == "split"
+    for fam, rc, b in (("gdn", RC_NONE, 256), ("mamba2", RC_NONE, 8), ("gdn", RC_FP8, 8),
+                       ("kda", RC_NVFP4, 256)):
+        assert tuning.decode_plan(fam, rc, b, 32, 128, None, none) == ("fused", none)
+    assert tuning.decode_plan("kda", RC_NONE, 64, 32, 128, None, none)[0] == "split"
     # an explicit knob keeps the caller's configuration (the other knobs stay at the wrapper defaults)
-    mine = dict(none, num_warps=2)
-    assert common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, "split", mine) == ("split", mine)
+    mine = KernelTuning(num_warps=2)
+    assert tuning.decode_plan("gdn", RC_FP8, 256, 32, 128, "split", mine) == ("split", mine)
     with pytest.raises(ValueError, match="method must be None, 'fused' or 'split', got 'auto'"):
-        common.decode_plan("gdn", common.RC_FP8, 256, 32, 128, "auto", none)
+        tuning.decode_plan("gdn", RC_FP8, 256, 32, 128, "auto", none)
 
 
 def test_a_flush_list_built_once_serves_every_layer_of_a_step():
-    """decode(..., flush_list=common.flush_list(...)[:2]) built once for a step and passed to two layers
+    """decode(..., flush_list=split_decode.flush_list(...)[:2]) built once for a step and passed to two layers
     (the second as a function returning it) gives what each layer's own list gives; a list of the wrong
     shape or dtype is refused by name."""
     g = torch.Generator().manual_seed(13)
@@ -169,7 +171,7 @@ def test_a_flush_list_built_once_serves_every_layer_of_a_step():
     pr = clone_pool(pk)
     slots = torch.tensor([4, 1, 6, 3, 5], dtype=torch.int32, device=DEV)
     for _ in range(window + 1):
-        given = common.flush_list(slots, pk.cursor, window)[:2]
+        given = split_decode.flush_list(slots, pk.cursor, window)[:2]
         for layer in range(2):
             x, par = _step_inputs("gdn", g, pk, 5)
             close(kgdn.decode(pk, layer, slots, **x, **par, method="split",
@@ -179,7 +181,7 @@ def test_a_flush_list_built_once_serves_every_layer_of_a_step():
         pk.advance(slots)
         pr.advance(slots)
     x, par = _step_inputs("gdn", g, pk, 5)
-    rows, count = common.flush_list(slots, pk.cursor, window)[:2]
+    rows, count = split_decode.flush_list(slots, pk.cursor, window)[:2]
     with pytest.raises(ValueError, match="flush_list rows must have shape"):
         kgdn.decode(pk, 0, slots, **x, **par, method="split", flush_list=(rows[:3], count))
     with pytest.raises(ValueError, match="flush_list count must have dtype"):

@@ -33,6 +33,7 @@ def test_ssm_ops_kernel_options_reach_the_kernels_and_are_checked():
     pipelined decode), with the reference's results; an option the wrapper lacks is a clear error."""
     import torch
 
+    from sglang_replayssm.kernels.tuning import KernelTuning
     from sglang_replayssm.native.ssm_ops import SSMOps
     from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry
 
@@ -43,10 +44,11 @@ def test_ssm_ops_kernel_options_reach_the_kernels_and_are_checked():
         pool = ReplayStatePool(geo, 1, B, ReplayConfig(window=4, max_drafts=T), device="cpu")
         pool.ckpt.copy_(torch.randn(pool.ckpt.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
         slots = torch.tensor(pool.alloc(B), dtype=torch.int32)
-        ops = SSMOps("gdn", pool, kernels=kernels, decode_options={"stages": 2} if kernels == "triton" else None,
+        pipelined = {"tuning": KernelTuning(stages=2)}
+        ops = SSMOps("gdn", pool, kernels=kernels, decode_options=pipelined if kernels == "triton" else None,
                      verify_options={"method": "split"} if kernels == "triton" else None)
         if kernels == "triton":
-            assert ops.verify_kw == {"method": "split"} and ops.decode_kw == {"stages": 2}
+            assert ops.verify_kw == {"method": "split"} and ops.decode_kw == pipelined
         gen = torch.Generator().manual_seed(5)
         r = lambda *s: torch.randn(*s, generator=gen)   # noqa: E731
         res = []

@@ -8,8 +8,9 @@ serve (bench/README.md), so registers per thread -> resident warps per SM is the
 between GPU runs. Nothing is executed; the pool's contents do not matter.
 
 Run (CPU is fine; no GPU, no TRITON_INTERPRET):
-    python bench/kernel_resources.py --out bench/results
-Writes kernel_resources.json (+ a table on stdout).
+    python tests/kernels/kernel_resources.py --out $OUT [--quick] [--sass-dir $OUT/sass]
+Writes kernel_resources.json (+ a table on stdout); --sass-dir also each kernel's SASS, normalised, for
+diffs between two checkouts. tests/kernels/test_compile_sm90.py runs it in CI (--quick).
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.driver import DriverBase  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from sglang_replayssm.kernels import gdn as kgdn, kda as kkda, mamba2 as km2  # noqa: E402
-from sglang_replayssm.kernels.common import verify_methods  # noqa: E402
+from sglang_replayssm.kernels.tuning import KernelTuning, verify_methods  # noqa: E402
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
 
 # Hopper SM limits (CUDA occupancy rules for compute capability 9.0)
@@ -205,7 +206,7 @@ def cases(geos, batch, quick=False):
         state = torch.zeros(batch + 1, geo["H"], geo["Dv"], geo["Dk"])
         for bv, nw in ((16, 2),) if quick else ((32, 2), (16, 2)):
             yield name, f"conventional bv{bv} w{nw}", lambda mod=mod, state=state, inp=inp, bv=bv, nw=nw: \
-                mod.conventional_decode(state, slots, **inp, block_v=bv, num_warps=nw)
+                mod.conventional_decode(state, slots, **inp, tuning=KernelTuning(block_v=bv, num_warps=nw))
         variants = [("fp32", "none", "fp32"), ("fp8", "fp8", "fp32"), ("nvfp4", "nvfp4", "fp32"),
                     ("fp16-sr", "none", "fp16-sr")]
         for label, rc, ck in variants:
@@ -217,23 +218,23 @@ def cases(geos, batch, quick=False):
             for bv, bk, nw in ((32, 32, 1),) if quick else ((32, 32, 1), (64, 16, 2), (32, 32, 4)):
                 yield name, f"decode {label} bv{bv} bk{bk} w{nw}", \
                     lambda mod=mod, pool=pool, inp=inp, bv=bv, bk=bk, nw=nw: \
-                    mod.decode(pool, 0, slots, **inp, block_v=bv, block_k=bk, num_warps=nw)
+                    mod.decode(pool, 0, slots, **inp, tuning=KernelTuning(block_v=bv, block_k=bk, num_warps=nw))
             if label in ("fp32", "fp8"):
-                # the blocks the library uses at serving batch sizes (common.decode_plan: SPLIT_TUNED)
+                # the blocks the library uses at serving batch sizes (tuning.decode_plan: SPLIT_TUNED)
                 yield name, f"decode {label} split defaults", lambda mod=mod, pool=pool, inp=inp: \
                     mod.decode(pool, 0, slots, **inp, method="split")
                 yield name, f"decode {label} split bv32 bk32 w2", lambda mod=mod, pool=pool, inp=inp: \
-                    mod.decode(pool, 0, slots, **inp, block_v=32, block_k=32, num_warps=2, method="split")
+                    mod.decode(pool, 0, slots, **inp, method="split",
+                                                   tuning=KernelTuning(block_v=32, block_k=32, num_warps=2))
                 yield name, f"decode {label} split fbk{geo['Dk']} bv32 bk32 w2", \
-                    lambda mod=mod, pool=pool, inp=inp: mod.decode(pool, 0, slots, **inp, block_v=32, block_k=32,
-                                                                   num_warps=2, method="split",
-                                                                   flush_block_k=geo["Dk"])
+                    lambda mod=mod, pool=pool, inp=inp: mod.decode(pool, 0, slots, **inp, method="split", tuning=KernelTuning(
+                        block_v=32, block_k=32, num_warps=2, flush_block_k=geo["Dk"]))
             counts = torch.full((batch,), 3, dtype=torch.int32)
             yield name, f"fold {label}", lambda mod=mod, pool=pool, counts=counts: mod.fold(pool, 0, slots, counts)
             for bv, bk, nw in () if quick or label != "fp32" else FOLD_CONFIGS:
                 yield name, f"fold {label} bv{bv} bk{bk} w{nw}", \
                     lambda mod=mod, pool=pool, counts=counts, bv=bv, bk=bk, nw=nw: \
-                    mod.fold(pool, 0, slots, counts, block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw)
+                    mod.fold(pool, 0, slots, counts, tuning=KernelTuning(block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw))
         pool = make_pool(geo, nslots=batch)
         for T in (4,) if quick else (1, 4, 8):
             inp_t = make_inputs(geo, batch, T=T)
@@ -243,7 +244,8 @@ def cases(geos, batch, quick=False):
                 for bv, bk, nw in cfgs:
                     yield name, f"verify T{T} {method} bv{bv} bk{bk} w{nw}", \
                         lambda mod=mod, pool=pool, inp_t=inp_t, kw=kw, bv=bv, bk=bk, nw=nw: \
-                        mod.verify(pool, 0, slots, **inp_t, block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw, **kw)
+                        mod.verify(pool, 0, slots, **inp_t, **kw,
+                                   tuning=KernelTuning(block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw))
     yield from pool_cases()
     yield from native_cases(batch, quick)
 
@@ -315,7 +317,7 @@ def native_cases(batch, quick=False):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--out", required=True)
     ap.add_argument("--geos", default="all", help="comma-separated names of " + ", ".join(GEOMS))
     ap.add_argument("--filter", default="", help="only labels containing this text")
     ap.add_argument("--batch", type=int, default=4, help="rows per launch (does not change the code compiled)")
@@ -357,7 +359,7 @@ def main(argv=None) -> int:
                       f"{md.num_warps:5d} {occ['blocks_per_sm']:6d} {occ['occupancy']:5.2f}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "kernel_resources.json")
-    meta = dict(command="python bench/kernel_resources.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    meta = dict(command="python tests/kernels/kernel_resources.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 target="sm_90 (compiled offline)", triton=triton.__version__, torch=torch.__version__,
                 time=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), seconds=round(time.time() - t0, 1))
     with open(path, "w") as f:

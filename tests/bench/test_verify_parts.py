@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from sglang_replayssm.kernels import gdn as kgdn
+from sglang_replayssm.kernels.tuning import KernelTuning
 
-from .helpers import DEV, clone_pool, close, make_pool
-from .test_gdn import inputs, params
+from tests.kernels.helpers import DEV, clone_pool, close, make_pool
+from tests.kernels.test_gdn import inputs, params
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,7 @@ def test_the_partial_launches_compute_what_they_are_named_for(tmp_path):
             close(got, want)
     ref = clone_pool(pool)
     vp.part_launch("verify", pool, slots, inp, T, 16, 16, 1)()
-    kgdn.verify(ref, 0, slots, **inp, block_v=16, block_k=16, num_warps=1)
+    kgdn.verify(ref, 0, slots, **inp, tuning=KernelTuning(block_v=16, block_k=16, num_warps=1))
     close(pool.rec_d, ref.rec_d)                                              # the same launch as the library's
     for part in ("verify_ieee", "pass", "finish"):
         vp.part_launch(part, pool, slots, inp, T, 16, 16, 1)()

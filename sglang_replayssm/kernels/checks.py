@@ -1,0 +1,104 @@
+"""Argument checks of the kernel wrappers (tensors, slots, block knobs) and their small size helpers."""
+from __future__ import annotations
+
+import torch
+import triton
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_tensor(name: str, t, shape=None, dtype=None, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if dtype is not None:
+        dts = dtype if isinstance(dtype, (tuple, list)) else (dtype,)
+        if t.dtype not in dts:
+            raise ValueError(f"{name} must have dtype {' or '.join(map(str, dts))}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def output_tensor(out, shape, like: torch.Tensor, device) -> torch.Tensor:
+    """The caller's `out` (checked: shape and device), or a new tensor of `like`'s dtype."""
+    if out is None:
+        out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    check_tensor("out", out, shape=shape, device=device)
+    return out
+
+
+def check_slots(slots, device, num_slots):
+    check_tensor("slots", slots, dtype=torch.int32, device=device)
+    check(slots.dim() == 1, f"slots must be 1-D [B], got shape {tuple(slots.shape)}")
+    return int(slots.shape[0])
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def chunk_k(Dk: int, want: int = 32) -> int:
+    """Column chunk of the state walked per loop iteration (a power of 2 >= 16 dividing Dk)."""
+    for c in (want, 32, 16):
+        if c <= Dk and Dk % c == 0:
+            return c
+    raise ValueError(f"head_k_dim {Dk} must be a multiple of 16")
+
+
+def check_stages(stages):
+    """The decode wrappers' `stages`: None (plain loop over the state's column chunks) or an int >= 2
+    (Triton software-pipelines that loop's loads with cp.async: more bytes in flight per warp, more
+    shared memory per program)."""
+    check(stages is None or (isinstance(stages, int) and stages >= 2),
+          f"stages must be None or an int >= 2, got {stages!r}")
+    return stages
+
+
+def check_block_k(block_k, Dk: int, name: str = "block_k") -> int:
+    """A wrapper's column-chunk knob (`block_k`, `flush_block_k`): None (0: the wrapper's default) or
+    a power of 2 >= 16 dividing head_k_dim (a chunk that does not divide it would skip columns)."""
+    if block_k is None:
+        return 0
+    check(isinstance(block_k, int) and block_k >= 16 and block_k & (block_k - 1) == 0 and Dk % block_k == 0,
+          f"{name} must be None or a power of 2 >= 16 dividing head_k_dim {Dk}, got {block_k!r}")
+    return block_k
+
+
+def check_flush_block_k(flush_block_k, Dk: int) -> int:
+    """The decode wrappers' `flush_block_k` (check_block_k; 0 to the kernel: use block_k)."""
+    return check_block_k(flush_block_k, Dk, "flush_block_k")
+
+
+def launch_stages(stages) -> dict:
+    """The verify wrappers' `stages`: None (Triton's default software pipelining of the column loop) or
+    the launch's num_stages, 1 (none) to 4; returned as launch keyword arguments."""
+    check(stages is None or (isinstance(stages, int) and 1 <= stages <= 4),
+          f"stages must be None or an int in 1..4, got {stages!r}")
+    return {} if stages is None else {"num_stages": stages}
+
+
+def flush_launch_warps(flush_warps, num_warps: int) -> int:
+    """Warps of the split decode's flush launch (the decode wrappers' `flush_warps`): None -> at least
+    4 (the fold's tensor-core dot and whole-row chunks want several warps), or a power of 2 in 1..16."""
+    check(flush_warps is None or (isinstance(flush_warps, int) and flush_warps in (1, 2, 4, 8, 16)),
+          f"flush_warps must be None or a power of 2 in 1..16, got {flush_warps!r}")
+    return flush_warps or max(num_warps, 4)
+
+
+def check_block_v(block_v, default: int) -> int:
+    """A wrapper's value rows per program (`block_v`): the given one (a power of 2 >= 16), else default."""
+    check(block_v is None or (isinstance(block_v, int) and block_v >= 16 and block_v & (block_v - 1) == 0),
+          f"block_v must be None or a power of 2 >= 16, got {block_v!r}")
+    return block_v or default
+
+
+def block_knobs(block_v, num_warps, default_v: int, default_warps: int) -> tuple[int, int]:
+    """A launch's (block_v, num_warps): the given ones (validated), else the defaults."""
+    check(num_warps is None or num_warps in (1, 2, 4, 8, 16),
+          f"num_warps must be None or a power of 2 in 1..16, got {num_warps!r}")
+    return check_block_v(block_v, default_v), num_warps or default_warps

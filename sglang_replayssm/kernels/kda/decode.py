@@ -1,0 +1,377 @@
+"""KDA decode: the fused decode (non-flush + flush rows in one launch), the split decode's prep / read /
+flush launches, the commit fold kernel, the conventional decode baseline."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..checks import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
+                      output_tensor)
+from ..constants import FOLD_PREC, INTERPRET, RC_NVFP4
+from ..fold import fold as fold_records, fold_layer_head
+from ..layer_views import LayerViews
+from ..math_helpers import softplus
+from ..quant_tiles import load_state_chunk, read_copy_scales, store_state_chunk
+from ..replay import ring_program, ring_row
+from ..split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
+from ..tuning import check_tuning, decode_plan, default_warps, KernelTuning, PREP_WARPS
+from .token import _block_v, _check_inputs, _kda_chunk, L2_EPS
+
+
+@triton.jit
+def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, recg_ptr, reck_base, slot,
+                    i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, dcur, k_row, rk, seed, stream, idx_base,
+                    H: tl.constexpr, K: tl.constexpr, R: tl.constexpr, REC_K_STRIDE: tl.constexpr,
+                    BKC: tl.constexpr, BV: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
+                    SHARED_QUANT: tl.constexpr, HAS_CUR: tl.constexpr, INTERPRET: tl.constexpr):
+    """S_new = (S0 Diag(exp G) + Dr^T (K_r W)) Diag(alpha) + dcur k^T into ckpt (+ read copy: fp8 with
+    per-row scales, or NVFP4 whose per-head global scale needs the whole head here, BV >= Dv).
+    A quantized read copy needs the row maxima first: a first pass, unless whole rows are one chunk."""
+    rows = head_rows + o_v
+    amax = tl.zeros([BV], dtype=tl.float32)
+    sc = amax
+    gs = 1.0
+    ONE_PASS: tl.constexpr = READ_COPY == 0 or BKC == K
+    for p in tl.static_range(1 if ONE_PASS else 2):
+        if p == 1 or READ_COPY == 0:
+            sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, READ_COPY)
+        for c in range(K // BKC):
+            o_kc = c * BKC + tl.arange(0, BKC)
+            KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog,
+                                         dtb_row, H, K, R, REC_K_STRIDE, HAS_CUR)
+            S0 = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
+            S = (S0 * gam[None, :] + tl.dot(tl.trans(Dr), KW, input_precision=FOLD_PREC)) * al[None, :]
+            if HAS_CUR:
+                S = S + dcur[:, None] * (tl.load(k_row + o_kc).to(tl.float32) * rk)[None, :]
+            if READ_COPY != 0 and ONE_PASS:  # the whole rows: scales from this chunk, then store
+                amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
+                sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, READ_COPY)
+                store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
+                                  idx_base, K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+            elif READ_COPY != 0 and p == 0:
+                amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
+            else:
+                store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
+                                  idx_base, K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+
+
+@triton.jit
+def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
+                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
+                    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
+                    CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
+                    FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
+        slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
+    is_flush = (cur + 1) >= WINDOW
+    q_row = q_ptr + (i_b * HK + i_hk) * K
+    k_row = k_ptr + (i_b * HK + i_hk) * K
+    a_row = a_ptr + (i_b * H + i_h) * K
+    dtb_row = dtb_ptr + i_h * K
+    alog = tl.load(alog_ptr + i_h).to(tl.float32)
+    o_k = tl.arange(0, K)
+    qf = tl.load(q_row + o_k).to(tl.float32)
+    kf = tl.load(k_row + o_k).to(tl.float32)
+    rq = scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS)
+    rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
+    kq = tl.sum(qf * kf, axis=0) * rq * rk
+    beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    head_rows = (slot * H + i_h) * V
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    sq = tl.zeros([BV], dtype=tl.float32)
+    sk = tl.zeros([BV], dtype=tl.float32)
+    kqr = tl.zeros([BR], dtype=tl.float32)
+    kkr = tl.zeros([BR], dtype=tl.float32)
+    for c in tl.range(0, K // BKC, num_stages=NUM_STAGES):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
+                                     H, K, R, HK * K, True)
+        qc = tl.load(q_row + o_kc).to(tl.float32) * rq * al
+        kc = tl.load(k_row + o_kc).to(tl.float32) * rk * al
+        if is_flush:
+            S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
+                                  mask_v, K, 0)
+        else:
+            S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
+                                  mask_v, K, READ_COPY)
+        sq += tl.sum(S0 * (gam * qc)[None, :], axis=1)
+        sk += tl.sum(S0 * (gam * kc)[None, :], axis=1)
+        kqr += tl.sum(KW * qc[None, :], axis=1)
+        kkr += tl.sum(KW * kc[None, :], axis=1)
+    sq = sq + tl.sum(Dr * kqr[:, None], axis=0)
+    sk = sk + tl.sum(Dr * kkr[:, None], axis=0)
+    d = beta * (vv - sk)
+    o = sq + d * kq
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    if is_flush:
+        stream = tl.load(folded_ptr + slot) + cur + 1
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, recg_ptr,
+                        reck_base, slot, i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, d, k_row, rk, seed, stream, idx_base,
+                        H, K, R, HK * K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, True,
+                        INTERPRET)
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+    if i_v == 0:
+        g = -tl.exp(alog) * softplus(tl.load(a_row + o_k).to(tl.float32) + tl.load(dtb_row + o_k).to(tl.float32))
+        tl.store(recg_ptr + ((slot * R + cur) * H + i_h) * K + o_k, g)
+        if i_h % (H // HK) == 0:
+            tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["seed", "layer", "min_rows"])
+def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
+                       folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
+                       recg_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                       BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
+                       EPS: tl.constexpr, INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
+                       FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+    """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
+    nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
+    split_decode.flush_rows gives it (the split decode runs the other rows through _kda_decode_prep_kernel +
+    _kda_decode_read_kernel)."""
+    if FLUSH_ONLY:
+        lo, hi, step = flush_rows(nflush_ptr, min_rows, FLUSH_ROW_PROGRAMS)
+        for j in range(lo, hi, step):
+            _kda_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
+                            slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
+                            reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
+                            CKPT_SR, SHARED_QUANT, EPS, INTERPRET, FLUSH_BLOCK_K, NUM_STAGES)
+    else:
+        _kda_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
+                        cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
+                        scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS,
+                        INTERPRET, FLUSH_BLOCK_K, NUM_STAGES)
+
+
+@triton.jit
+def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
+                            prep_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+                            WINDOW: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
+    """Split decode, stage 1, one program per (row, head) of a non-flush row: everything that does
+    not involve the state or the value rows, once instead of in every value block. With G the
+    records' cumulative log-decay per channel, W_j = exp(G - G_j) and alpha the token's decay:
+    u = exp(G) alpha q, w = exp(G) alpha k ([K]), kq_j = (k_j W_j).(alpha q), kk_j = (k_j W_j).(alpha k)
+    ([BR]), k.q and beta -> prep row [u | w | kq_j | kk_j | k.q, beta]. Also writes the token's g and
+    k records at ring position cursor."""
+    i_h = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    cur = tl.load(cursor_ptr + slot)
+    if cur + 1 >= WINDOW:
+        return
+    o_r = tl.arange(0, BR)
+    mask_r = o_r < cur
+    o_k = tl.arange(0, K)
+    k_row = k_ptr + (i_b * HK + i_hk) * K
+    a_row = a_ptr + (i_b * H + i_h) * K
+    alog = tl.load(alog_ptr + i_h).to(tl.float32)
+    qf = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    kf = tl.load(k_row + o_k).to(tl.float32)
+    rq = scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS)
+    rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
+    reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+    KW, gam, al, g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_k, a_row, alog, dtb_ptr + i_h * K,
+                                H, K, R, HK * K, True)
+    qc = qf * rq * al
+    kc = kf * rk * al
+    p = prep_ptr + (i_b * H + i_h) * (2 * K + 2 * BR + 2)
+    tl.store(p + o_k, gam * qc)
+    tl.store(p + K + o_k, gam * kc)
+    tl.store(p + 2 * K + o_r, tl.sum(KW * qc[None, :], axis=1))
+    tl.store(p + 2 * K + BR + o_r, tl.sum(KW * kc[None, :], axis=1))
+    tl.store(p + 2 * K + 2 * BR, tl.sum(qf * kf, axis=0) * rq * rk)
+    tl.store(p + 2 * K + 2 * BR + 1, tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32)))
+    tl.store(recg_ptr + ((slot * R + cur) * H + i_h) * K + o_k, g)
+    if i_h % (H // HK) == 0:
+        tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
+                            prep_ptr, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                            R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                            BR: tl.constexpr, READ_COPY: tl.constexpr, NUM_STAGES: tl.constexpr = None):
+    """Split decode, stage 2, non-flush rows: S u and S w from the checkpoint (or its read copy) as
+    a GDN decode does, the records' share from stage 1's kq_j / kk_j, then d = beta (v - S'k),
+    o = S'q + d k.q, and the d record."""
+    i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
+        slots_ptr, cursor_ptr, H, HK, V, BV, BR)
+    if cur + 1 >= WINDOW:
+        return
+    p = prep_ptr + (i_b * H + i_h) * (2 * K + 2 * BR + 2)
+    head_rows = (slot * H + i_h) * V
+    sq = tl.zeros([BV], dtype=tl.float32)
+    sk = tl.zeros([BV], dtype=tl.float32)
+    for c in tl.range(0, K // BKC, num_stages=NUM_STAGES):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc, mask_v, K, READ_COPY)
+        sq += tl.sum(S0 * tl.load(p + o_kc)[None, :], axis=1)
+        sk += tl.sum(S0 * tl.load(p + K + o_kc)[None, :], axis=1)
+    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    sq = sq + tl.sum(Dr * tl.load(p + 2 * K + o_r)[:, None], axis=0)
+    sk = sk + tl.sum(Dr * tl.load(p + 2 * K + BR + o_r)[:, None], axis=0)
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    d = tl.load(p + 2 * K + 2 * BR + 1) * (vv - sk)
+    o = sq + d * tl.load(p + 2 * K + 2 * BR)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+
+
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                     recd_ptr, reck_ptr, recg_ptr, seed, layer, S,
+                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """fold._fold_kernel for KDA's per-channel decays (one layer or several: fold.fold_layer_head;
+    S: the pool's slots)."""
+    i_v = tl.program_id(0)
+    i_b = tl.program_id(2)
+    layer, i_h, l = fold_layer_head(layer, H)
+    cnt = tl.load(counts_ptr + i_b)
+    if cnt > 0:
+        i_hk = i_h // (H // HK)
+        row = tl.load(slots_ptr + i_b).to(tl.int64)
+        stream = tl.load(folded_ptr + row) + cnt
+        slot = row + l * S                   # in the first layer's views (fold.fold_layer_head)
+        o_v = i_v * BV + tl.arange(0, BV)
+        o_r = tl.arange(0, BR)
+        mask_v = o_v < V
+        mask_r = o_r < cnt
+        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v, recg_ptr,
+                        reck_ptr + (slot * R * HK + i_hk) * K, slot, i_h, o_r, mask_r, Dr, recg_ptr, 0.0,
+                        recg_ptr, tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
+                        H, K, R, HK * K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, False, INTERPRET)
+
+
+@triton.jit
+def _kda_conventional_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
+                     state_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, BV: tl.constexpr, EPS: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_hk = i_h // (H // HK)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, K)
+    mask_v = o_v < V
+    offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
+    S = tl.load(state_ptr + offs, mask=mask_v[:, None], other=0.0).to(tl.float32)
+    qv = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    kv = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    qv = qv * (scale / tl.sqrt(tl.sum(qv * qv, axis=0) + EPS))
+    kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + EPS)
+    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(
+        tl.load(a_ptr + (i_b * H + i_h) * K + o_k).to(tl.float32) + tl.load(dtb_ptr + i_h * K + o_k).to(tl.float32))
+    beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
+    S = S * tl.exp(g)[None, :]
+    d = beta * (vv - tl.sum(S * kv[None, :], axis=1))
+    S = S + d[:, None] * kv[None, :]
+    o = tl.sum(S * qv[None, :], axis=1)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    tl.store(state_ptr + offs, S.to(state_ptr.dtype.element_ty), mask=mask_v[:, None])
+
+
+def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None, method=None, tuning=None,
+           flush_list=None):
+    """One KDA decode step of a batch, in place on the pool (record at cursor; flush rows fold).
+    Same contract as reference.kda.decode; returns out [B, H, Dv] in v's dtype. method: "fused" (one
+    launch for all rows), "split" (a flush-row list, the flush rows on a side stream; the other rows
+    through a small kernel for the head's record products, then the state pass) or None
+    (tuning.decode_plan: split where it measured faster). tuning: a KernelTuning (None:
+    tuning.decode_plan's blocks). flush_list: as gdn.decode's."""
+    tuning = check_tuning(tuning)
+    if getattr(pool.cfg, "mode", "replay") == "conventional":
+        return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
+                                   tuning=KernelTuning(block_v=tuning.block_v, num_warps=tuning.num_warps))
+    lv = LayerViews(pool, layer)
+    B = check_slots(slots, lv.device, lv.num_slots)
+    H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    out = output_tensor(out, (B, H, Dv), v, lv.device)
+    if B == 0:
+        return out
+    method, tuning = decode_plan("kda", lv.rc_mode, B, H, Dk, method, tuning)
+    block_v, block_k, num_warps, stages = tuning.block_v, tuning.block_k, tuning.num_warps, tuning.stages
+    BV = _block_v(Dv, block_v)
+    nw = num_warps or default_warps(B, H)
+    if lv.rc_mode == RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
+        BV = next_pow2(Dv)
+        nw, block_k = max(nw, 8), block_k or 16
+    rc, rs, rgs = lv.rc_args()
+    BR = max(16, next_pow2(lv.window))
+    fbk = check_flush_block_k(tuning.flush_block_k, Dk)
+    # split: this launch only does the flush rows' work (sized for the fold), beside the others
+    frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("kda", method, slots, lv, nw, tuning.flush_warps,
+                                                                      flush_list)
+    with on_stream(side):
+        _kda_decode_kernel[(triton.cdiv(Dv, BV), H, rows)](
+            # the token's inputs and the output
+            q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out,
+            # the rows, their cursors and fold counts, the split decode's flush list
+            slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=frows, nflush_ptr=nflush,
+            # the layer's state: checkpoint, read copy and its scales, the records
+            ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
+            recg_ptr=lv.rec_g,
+            scale=scale, seed=lv.seed, layer=lv.layer, min_rows=min_rows,
+            H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(Dk), BR=BR,
+            READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
+            FLUSH_BLOCK_K=fbk, NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split",
+            num_warps=nw)
+    if method == "split":
+        prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
+        _kda_decode_prep_kernel[(H, B)](q_ptr=q, k_ptr=k, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
+                                        slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g,
+                                        prep_ptr=prep, scale=scale, H=H, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR,
+                                        EPS=L2_EPS, num_warps=PREP_WARPS)
+        rbv = _block_v(Dv, block_v)
+        rnw = num_warps or default_warps(B, H)
+        _kda_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
+            v_ptr=v, out_ptr=out, slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs,
+            rgs_ptr=rgs, recd_ptr=lv.rec_d, prep_ptr=prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv,
+            BKC=block_k or chunk_k(Dk), BR=BR, READ_COPY=lv.rc_mode, NUM_STAGES=check_stages(stages), num_warps=rnw)
+    join_stream(side)
+    return out
+
+
+def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out=None, tuning=None):
+    """Conventional KDA decode: read, update and write state[slots] ([S, H, Dv, Dk]) in place.
+    tuning: a KernelTuning (its block_v and num_warps)."""
+    tuning = check_tuning(tuning)
+    check(isinstance(state, torch.Tensor) and state.dim() == 4, "state must be a 4-D tensor [S, H, Dv, Dk]")
+    check_tensor("state", state, dtype=(torch.float32, torch.float16, torch.bfloat16))
+    _, H, Dv, Dk = state.shape
+    B = check_slots(slots, state.device, state.shape[0])
+    Hk = q.shape[1] if q.dim() == 3 else -1
+    _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, state.device)
+    scale = Dk ** -0.5 if scale is None else float(scale)
+    out = output_tensor(out, (B, H, Dv), v, state.device)
+    if B == 0:
+        return out
+    BV = _block_v(Dv, tuning.block_v)
+    _kda_conventional_kernel[(triton.cdiv(Dv, BV), H, B)](
+        q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out, slots_ptr=slots,
+        state_ptr=state, scale=scale, H=H, HK=Hk, K=Dk, V=Dv, BV=BV, EPS=L2_EPS, num_warps=tuning.num_warps or 4)
+    return out
+
+
+def fold(pool, layer, slots, counts, *, tuning=None):
+    """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
+    in one launch (layer None); counts 0 = no-op (fold.fold with the per-channel-decay kernel)."""
+    fold_records(pool, layer, slots, counts, _kda_fold_kernel, tuning)

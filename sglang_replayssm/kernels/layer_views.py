@@ -1,0 +1,51 @@
+"""The pool tensors of one SSM layer as the kernels see them (views, no copies)."""
+from __future__ import annotations
+
+import torch
+
+from .constants import RC_FP8, RC_NONE, RC_NVFP4
+
+class LayerViews:
+    """The pool tensors of one SSM layer (views, no copies) plus the config the kernels need."""
+
+    def __init__(self, pool, layer: int):
+        cfg = pool.cfg
+        if getattr(cfg, "mode", "replay") != "replay":
+            raise ValueError(f"ReplaySSM kernels need a pool in mode='replay', got mode={cfg.mode!r} "
+                             "(use conventional_decode on pool.ckpt[layer])")
+        if pool.ckpt.dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"kernels support ckpt 'fp32' and 'fp16-sr', got checkpoint dtype {pool.ckpt.dtype}")
+        nl = pool.ckpt.shape[0]
+        if not (0 <= int(layer) < nl):
+            raise ValueError(f"layer must be in [0, {nl}), got {layer}")
+        self.layer = int(layer)
+        self.family = pool.geo.family
+        self.ckpt = pool.ckpt[layer]
+        self.rec_d = pool.rec_d[layer]
+        self.rec_k = pool.rec_k[layer]
+        self.rec_g = pool.rec_g[layer]
+        self.cursor = pool.cursor
+        self.folded = pool.folded
+        self.window = int(cfg.window)
+        self.R = int(self.rec_d.shape[1])
+        self.num_slots = int(self.ckpt.shape[0])
+        rc_mode = getattr(cfg, "read_copy", "none")
+        self.rc_mode = {"none": RC_NONE, "fp8": RC_FP8, "nvfp4": RC_NVFP4}[rc_mode]
+        self.rc = pool.rc[layer] if self.rc_mode != RC_NONE else None
+        self.rc_scale = pool.rc_scale[layer] if self.rc_mode != RC_NONE else None
+        self.rc_gscale = pool.rc_gscale[layer] if self.rc_mode == RC_NVFP4 else None
+        self.ckpt_sr = getattr(cfg, "ckpt", "fp32") == "fp16-sr"
+        self.shared_quant = bool(getattr(cfg, "shared_quant", False))
+        self.seed = int(getattr(cfg, "sr_seed", 0))
+        H, Dv, Dk = self.ckpt.shape[1:]
+        self.H, self.Dv, self.Dk = int(H), int(Dv), int(Dk)
+        self.Hk = int(self.rec_k.shape[2])
+        self.device = self.ckpt.device
+
+    def rc_args(self):
+        """(rc, rc_scale, rc_gscale) pointers; dummies (the ckpt) where the mode has none."""
+        if self.rc_mode == RC_NONE:
+            return self.ckpt, self.ckpt, self.ckpt
+        if self.rc_mode == RC_FP8:
+            return self.rc, self.rc_scale, self.rc_scale
+        return self.rc, self.rc_scale, self.rc_gscale

@@ -1,0 +1,165 @@
+"""Tuning plans: the blocks every launch uses by default, each measured on the H200, and the choice
+of decode / verify method.
+
+A wrapper takes one `tuning=KernelTuning(...)` record (every field None: these defaults). The tables
+below are named records with a one-line reason each; the runs behind them are in docs/history/runs.md
+(by date and time; the JSON files keep their commands).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import triton
+
+from .checks import block_knobs, check, check_block_k, chunk_k
+from .constants import RC_FP8, RC_NONE
+
+
+class KernelTuning(NamedTuple):
+    """A launch's block knobs (None: the wrapper's default). block_v: value rows per program (a power
+    of 2 >= 16); block_k: the state's column chunk per loop iteration (a power of 2 >= 16 dividing
+    head_k_dim); num_warps; stages: software pipelining of the column loop (decode: None or >= 2,
+    verify: None or 1..4); flush_block_k: the decode's flush rows' column chunk (head_k_dim: whole
+    rows folded in registers); flush_warps: warps of the split decode's flush launch; dot_precision: the
+    tensor-core verify's state products ("tf32x3", "ieee" FMA dots, ...; None: constants.DOT_PREC)."""
+    block_v: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+    stages: int | None = None
+    flush_block_k: int | None = None
+    flush_warps: int | None = None
+    dot_precision: str | None = None
+
+
+DEFAULT_TUNING = KernelTuning()
+
+
+def check_tuning(tuning) -> KernelTuning:
+    """A wrapper's `tuning` argument: None (the defaults) or a KernelTuning."""
+    if tuning is None:
+        return DEFAULT_TUNING
+    check(isinstance(tuning, KernelTuning), f"tuning must be None or a KernelTuning, got {type(tuning).__name__}")
+    return tuning
+
+
+class SplitDecodeBlocks(NamedTuple):
+    """A split decode's default blocks; its flush rows always fold whole rows (flush_block_k = head_k_dim)."""
+    block_v: int
+    block_k: int
+    num_warps: int
+    stages: int | None
+    flush_warps: int
+    reason: str
+
+
+# Where the split decode measured faster than the fused one on the H200 at batch 256, per (family, read copy).
+SPLIT_TUNED = {
+    ("gdn", RC_FP8): SplitDecodeBlocks(32, 128, 1, None, 2, "whole 128-column read rows, no chunk loop: 0.139 -> "
+                                                            "0.127 ms (2026-11-30 15:58)"),
+    ("mamba2", RC_NONE): SplitDecodeBlocks(16, 32, 1, None, 1, "Nano 0.345 -> 0.327 ms against the fused decode; "
+                                                               "Super 0.345 -> 0.343 (2026-11-30 14:27, 15:58)"),
+    ("mamba2", RC_FP8): SplitDecodeBlocks(32, 32, 1, None, 2, "Super 0.240 -> 0.220 ms, Nano 0.306 -> 0.231 "
+                                                              "(2026-11-30 10:55, 14:27)"),
+    ("kda", RC_NONE): SplitDecodeBlocks(32, 64, 1, 2, 2, "small programs as the other families: 0.277 -> 0.251 ms "
+                                                         "(2026-11-30 15:58)"),
+    ("kda", RC_FP8): SplitDecodeBlocks(32, 64, 1, 2, 2, "as fp32: 0.237 -> 0.197 ms (2026-11-30 15:58)"),
+}
+
+
+def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dk: int, method,
+                tuning: KernelTuning = DEFAULT_TUNING) -> tuple[str, KernelTuning]:
+    """The decode method and blocks a wrapper uses. method None picks "split" where SPLIT_TUNED has an
+    entry and the grid fills the GPU (batch * heads >= 1024), else "fused". A split decode with no
+    field of `tuning` set gets the tuned blocks (block_k capped at head_k_dim; whole-row flush)."""
+    tuned = SPLIT_TUNED.get((family, rc_mode))
+    if method is None:
+        method = "split" if tuned is not None and batch * heads >= 1024 else "fused"
+    check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")
+    if method == "split" and tuned is not None and tuning == DEFAULT_TUNING:
+        tuning = KernelTuning(block_v=tuned.block_v, block_k=chunk_k(Dk, min(tuned.block_k, Dk)),
+                              num_warps=tuned.num_warps, stages=tuned.stages, flush_block_k=Dk,
+                              flush_warps=tuned.flush_warps)
+    check_block_k(tuning.block_k, Dk)
+    return method, tuning
+
+
+class VerifyBlocks(NamedTuple):
+    """A verify method's default (block_v, num_warps)."""
+    block_v: int
+    num_warps: int
+    reason: str
+
+
+# Verify blocks per (family, method), from the H200 sweeps at batch 256 (2026-11-30 10:55): the tensor-core
+# verify is fastest as one warp per 64-128 value rows.
+VERIFY_TUNED = {
+    ("gdn", "fma"): VerifyBlocks(32, 2, "exact fp32 broadcast products; 4 warps slower"),
+    ("gdn", "mma"): VerifyBlocks(64, 1, "T = 8: 32 x 2 warps 0.653 ms, 32 x 1 0.356, 64 x 1 0.294"),
+    ("gdn", "split"): VerifyBlocks(32, 2, "as fma; the draft products come from the gram launch"),
+    ("mamba2", "fma"): VerifyBlocks(64, 4, "T = 8: 1.449 ms (mma 0.454)"),
+    ("mamba2", "mma"): VerifyBlocks(64, 1, "T = 8: 32 x 2 warps 0.981 ms, 64 x 1 0.454"),
+    ("kda", "fma"): VerifyBlocks(32, 2, "T = 8: 4 warps 5.19 ms, 2 warps 3.55"),
+    ("kda", "mma"): VerifyBlocks(128, 1, "T = 8: 0.629 ms against fma's 3.55"),
+}
+
+
+def verify_methods(family: str) -> list[str]:
+    """The verify methods a family's wrapper has (VERIFY_TUNED's keys): fma, mma, and split for GDN."""
+    return [m for f, m in VERIFY_TUNED if f == family]
+
+
+def verify_plan(family: str, method, tuning: KernelTuning = DEFAULT_TUNING) -> tuple[str, int, int]:
+    """A verify launch's (method, block_v, num_warps): method None is "mma" (the fastest on the H200 at every
+    T = 1..8), else one of verify_methods(family); the given blocks, else VERIFY_TUNED's."""
+    have = verify_methods(family)
+    method = "mma" if method is None else method
+    check(method in have, f"method must be None, {', '.join(map(repr, have[:-1]))} or {have[-1]!r}, got {method!r}")
+    tuned = VERIFY_TUNED[(family, method)]
+    return (method, *block_knobs(tuning.block_v, tuning.num_warps, tuned.block_v, tuned.num_warps))
+
+
+def default_warps(batch: int, heads: int) -> int:
+    """Warps per decode program. Measured on the H200 (docs/history/runs.md, Kernels, first run): one warp per
+    (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most
+    bytes per second once the grid is large; 4 warps win only for tiny grids (batch 1)."""
+    return 1 if batch * heads >= 1024 else 4
+
+
+class FoldBlocks(NamedTuple):
+    """The commit fold's default (block_v, block_k, num_warps)."""
+    block_v: int
+    block_k: int
+    num_warps: int
+    reason: str
+
+
+# The commit fold per family, timed on the H200 at batch 256 with half the rows folding (2026-11-30 10:55).
+FOLD_TUNED = {
+    "gdn": FoldBlocks(32, 32, 2, "0.263 -> 0.207 ms against 16 x 32 x 4; whole 128-column rows 0.24-0.32"),
+    "mamba2": FoldBlocks(32, 32, 2, "Super 0.516 -> 0.398 ms against 16 x 32 x 4"),
+    "kda": FoldBlocks(32, 32, 2, "0.589 -> 0.372 ms against 16 x 32 x 4"),
+}
+
+
+# The flush-launch row programs that work per (value block, head) in steady state (B / window rows flush
+# every step, staggered cursors), by family; each folds ceil(count / that) of the listed rows, one after the
+# other (flush_rows_min), so the flush holds fewer of each SM's registers and the read launch beside it gets
+# more. More flush rows than usual (a burst) put more row programs to work, up to all of them, so a burst is
+# folded as parallel as when every row program works. A family not listed: every row program works (KDA:
+# its heavier fold measured 7 % slower with 2). H200, B = 256 (2026-11-30 17:25): GDN fp8 0.1249 -> 0.1216 ms,
+# Mamba-2 Super fp32 0.3441 -> 0.3298, Nano fp32 0.3268 -> 0.3153.
+FLUSH_PROGRAMS = {"gdn": 2, "mamba2": 1}
+
+
+def flush_rows_min(family: str, B: int, window: int) -> int:
+    """The least listed rows one working flush row program folds (the kernels' min_rows_per_program) for a
+    split decode of B rows, so that the steady-state count (ceil(B / window)) keeps FLUSH_PROGRAMS[family]
+    of them busy."""
+    a = FLUSH_PROGRAMS.get(family)
+    return 1 if a is None else max(1, triton.cdiv(triton.cdiv(B, window), a))
+
+
+# Warps of the split decode's prep launch (one small program per row and k-head / group / head): one warp
+# measured faster than 4 (KDA 0.252 -> 0.223 ms fp32, 0.196 -> 0.168 fp8; GDN fp8 0.126 -> 0.124; Mamba-2
+# unchanged; 2026-11-30 15:58).
+PREP_WARPS = 1
