@@ -89,8 +89,8 @@ def gram_update(KrQ, KrK, QK, KK, Kr, Qc, Kc):
 @triton.jit
 def stacked_draft_pass(a_ptr, b_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v,
                        reck_base, o_r, mask_r, G: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
-                       BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       NORMS: tl.constexpr):
+                       BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, NORMS: tl.constexpr):
     """The state pass of a tensor-core verify (GDN: q, k; Mamba-2: C, B): the drafts' rows of a (rows
     0..BT-1) and of b (rows BT..2BT-1), [T, G, K] per batch row i_b, taken for group i_g, stacked into one
     operand X (BT >= 8: >= 16 rows, a dot's least); per column chunk S0 X^T [2BT, BV], K_r X^T [BR, 2BT]

@@ -24,8 +24,8 @@ def fold_layer_head(layer, H: tl.constexpr):
 
 
 @triton.jit
-def _loop_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt, gtot,
-                      alpha, dcur, k_row, rk, REC_K_STRIDE: tl.constexpr, REC_D_STRIDE: tl.constexpr, REC_G_STRIDE: tl.constexpr,
+def _loop_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt, gtot, alpha, dcur,
+                      k_row, rk, REC_K_STRIDE: tl.constexpr, REC_D_STRIDE: tl.constexpr, REC_G_STRIDE: tl.constexpr,
                       K: tl.constexpr, HAS_CUR: tl.constexpr):
     """_new_state_chunk by rank-1 fp32 FMA updates, one record at a time: few registers and no shared
     memory, but two dependent loads per record (fold_store DOT=False)."""

@@ -62,9 +62,10 @@ def _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mas
 def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, seed, layer,
                    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                   WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                   CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, HAS_Z: tl.constexpr, INTERPRET: tl.constexpr,
-                   REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, FOLD_DOT: tl.constexpr):
+                   WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                   READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, HAS_Z: tl.constexpr,
+                   INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr,
+                   NUM_STAGES: tl.constexpr, FOLD_DOT: tl.constexpr):
     """The body of _m2_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, G, V, BV, BR)
@@ -100,7 +101,8 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
         if is_flush:
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
-                                           G * K, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, 0, False, REDUCE_ONCE, NUM_STAGES)
+                                           G * K, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, 0, False,
+                                           REDUCE_ONCE, NUM_STAGES)
         else:
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
@@ -110,8 +112,9 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
             fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                        recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                        a, u, B_row, 1.0, seed, tl.load(folded_ptr + slot) + cur + 1,
-                       (layer * H + i_h).to(tl.int64) * (V * K), G * K, H * V, H, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC,
-                       BV, BR, READ_COPY, CKPT_SR, SHARED_QUANT, True, INTERPRET, FOLD_DOT)
+                       (layer * H + i_h).to(tl.int64) * (V * K), G * K, H * V, H, K,
+                       FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, READ_COPY, CKPT_SR, SHARED_QUANT, True,
+                       INTERPRET, FOLD_DOT)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty),
              mask=mask_v)
@@ -124,10 +127,11 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
 @triton.jit(do_not_specialize=["seed", "layer", "min_rows"])
 def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
                       folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                      recg_ptr, seed, layer, min_rows, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
-                      READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, HAS_Z: tl.constexpr,
-                      INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
+                      recg_ptr, seed, layer, min_rows, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
+                      BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
+                      HAS_Z: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr,
+                      FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
                       FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
@@ -172,10 +176,10 @@ def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_p
 
 @triton.jit
 def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr, cursor_ptr,
-                           ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr,
-                           H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                           WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
-                           READ_COPY: tl.constexpr, HAS_Z: tl.constexpr, REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr = None):
+                           ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr, H: tl.constexpr,
+                           G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
+                           BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
+                           HAS_Z: tl.constexpr, REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr = None):
     """Split decode, stage 2, non-flush rows: the state pass (S C from the checkpoint or its read
     copy) with the record products from stage 1, then y, the u and g records."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
@@ -201,8 +205,8 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
 
 
 @triton.jit
-def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
-                      recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
+def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr,
+                      reck_ptr, recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                       T: tl.constexpr, BT: tl.constexpr, BKC: tl.constexpr, HAS_PARENTS: tl.constexpr,
                       HAS_Z: tl.constexpr):

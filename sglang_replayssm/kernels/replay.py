@@ -113,8 +113,8 @@ def record_key_products(reck_ptr, x_row, y_row, slot, cur, i_hk, rx, ry, HK: tl.
 
 
 @triton.jit
-def weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, REC_D_STRIDE: tl.constexpr, REC_G_STRIDE: tl.constexpr,
-                     BR: tl.constexpr):
+def weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, REC_D_STRIDE: tl.constexpr,
+                     REC_G_STRIDE: tl.constexpr, BR: tl.constexpr):
     """Records 0..cnt-1 of one head as one tile: d_j w_j [BR, BV] (rows o_v; w_j = exp(gtot - sum_{i<=j} g_i),
     the decay from record j to the last one; rows >= cnt are 0), and the record index vector and mask."""
     o_r = tl.arange(0, BR)
@@ -127,7 +127,8 @@ def weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, REC_D_STRIDE:
 
 
 @triton.jit
-def flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, REC_K_STRIDE: tl.constexpr, K: tl.constexpr):
+def flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, REC_K_STRIDE: tl.constexpr,
+                K: tl.constexpr):
     """A flush row's whole checkpoint rows o_v ([BV, K], fp32) and committed keys ([BR, K]), one load each."""
     o_k = tl.arange(0, K)
     S0 = tl.load(ckpt_ptr + (head_rows + o_v)[:, None] * K + o_k[None, :], mask=mask_v[:, None],

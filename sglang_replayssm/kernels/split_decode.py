@@ -25,10 +25,10 @@ def _flush_list_kernel(slots_ptr, cursor_ptr, frows_ptr, nflush_ptr, B, WINDOW: 
 
 def flush_list(slots, cursor, window: int):
     """The split decode's flush-row list, built on the device (no host sync): (rows [B] int32, count
-    [1] int32, FLUSH_ROW_PROGRAMS). FLUSH_ROW_PROGRAMS, the flush launch's row programs, is twice the rows that flush per step in
-    steady state (B / window) so a step with more flush rows than usual can still fold them in one wave;
-    flush_rows decides how many of them work and which rows each folds, so any count is handled (all B
-    rows at once: B / FLUSH_ROW_PROGRAMS rounds)."""
+    [1] int32, the flush launch's row programs). The row programs (the kernels' FLUSH_ROW_PROGRAMS) are
+    twice the rows that flush per step in steady state (B / window), so a step with more flush rows than
+    usual can still fold them in one wave; flush_rows decides how many of them work and which rows each
+    folds, so any count is handled (all B rows at once: B / FLUSH_ROW_PROGRAMS rounds)."""
     B = int(slots.shape[0])
     rows = torch.empty(B, dtype=torch.int32, device=slots.device)
     count = torch.empty(1, dtype=torch.int32, device=slots.device)
@@ -97,9 +97,9 @@ def on_stream(s):
 def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps, given=None):
     """The row axis of a decode wrapper's main launch: every batch row for "fused"; for "split" only
     the flush rows (flush_list, or `given`: its (rows, count) computed earlier in the same step, or a
-    function returning them, called only here), with
-    the flush launch's warps (flush_launch_warps), the side stream it runs on beside the prep + read
-    launches, and min_rows (flush_rows_min). Returns (frows, nflush, FLUSH_ROW_PROGRAMS, min_rows, grid rows, warps, stream)."""
+    function returning them, called only here), with the flush launch's warps (flush_launch_warps), the
+    side stream it runs on beside the prep + read launches, and min_rows (tuning.flush_rows_min).
+    Returns (frows, nflush, FLUSH_ROW_PROGRAMS, min_rows, grid rows, warps, stream)."""
     B = int(slots.shape[0])
     if method != "split":
         return slots, slots, 1, 1, B, num_warps, None

@@ -32,9 +32,10 @@ def _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq):
 def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
                     folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                    CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                    REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                    READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
+                    INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr,
+                    NUM_STAGES: tl.constexpr):
     """The body of _gdn_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
@@ -71,7 +72,8 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
         if is_flush:
             sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                              mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                             HK * K, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, 0, True, REDUCE_ONCE, NUM_STAGES)
+                                             HK * K, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, 0, True,
+                                             REDUCE_ONCE, NUM_STAGES)
         else:
             sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                              mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
@@ -81,8 +83,9 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
             fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                        recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
                        alpha, d, k_row, rk, seed, tl.load(folded_ptr + slot) + cur + 1,
-                       (layer * H + i_h).to(tl.int64) * (V * K), HK * K, H * V, H, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC,
-                       BV, BR, READ_COPY, CKPT_SR, SHARED_QUANT, True, INTERPRET)
+                       (layer * H + i_h).to(tl.int64) * (V * K), HK * K, H * V, H, K,
+                       FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, READ_COPY, CKPT_SR, SHARED_QUANT, True,
+                       INTERPRET)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
     # the record of this token at ring position cur
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
@@ -101,8 +104,9 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        recg_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                       EPS: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0,
-                       NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+                       EPS: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr,
+                       FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
+                       FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
     split_decode.flush_rows gives it (the split decode runs the other rows through _gdn_decode_prep_kernel +
@@ -154,10 +158,10 @@ def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_
 
 @triton.jit
 def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
-                            ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr,
-                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                            R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                            BR: tl.constexpr, READ_COPY: tl.constexpr, REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr = None):
+                            ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr, H: tl.constexpr,
+                            HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
+                            BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
+                            REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr = None):
     """Split decode, stage 2, non-flush rows: the state pass (S q, S k from the checkpoint or its read
     copy) with the record products from stage 1, then d, the output, the d and g records."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(

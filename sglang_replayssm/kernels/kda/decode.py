@@ -60,9 +60,9 @@ def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, m
 def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
                     folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                    CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
-                    FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                    READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
+                    INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
     """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
@@ -130,8 +130,9 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        recg_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                       EPS: tl.constexpr, INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
-                       FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+                       EPS: tl.constexpr, INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0,
+                       NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
+                       FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
     split_decode.flush_rows gives it (the split decode runs the other rows through _kda_decode_prep_kernel +

@@ -169,13 +169,12 @@ def _unpad_rows(x, R: tl.constexpr, N: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
-                           slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                           recd_ptr, reck_ptr, recg_ptr, scale,
-                           H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                           BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr, X_ROWS: tl.constexpr):
+def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, slots_ptr,
+                           cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale,
+                           H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
+                           T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                           READ_COPY: tl.constexpr, HAS_PARENTS: tl.constexpr, EPS: tl.constexpr,
+                           DOT_PRECISION: tl.constexpr, X_ROWS: tl.constexpr):
     """The same verify as _kda_verify_kernel, with the state-sized products on tensor cores: per
     column chunk the drafts' q_t exp(L_t) (rows 0..BT-1) and k_t exp(L_t) (rows BT..2BT-1) are
     stacked into one operand X (zero rows up to X_ROWS = max(16, 2 BT), a dot's least), and
