@@ -52,7 +52,7 @@ def _missing(name: str):
     return fn
 
 
-def _install_sgl_kernel_stand_in() -> None:
+def install_sgl_kernel_stand_in() -> None:
     if "sgl_kernel" in sys.modules:
         return
     spec = importlib.util.find_spec("sgl_kernel")
@@ -210,10 +210,13 @@ _AFTER_IMPORT = {
 
 
 class _AfterImportFinder:
-    """A meta-path finder that runs ``_AFTER_IMPORT[name](module)`` right after ``name`` executed."""
+    """A meta-path finder that runs ``patches[name](module)`` right after ``name`` executed."""
+
+    def __init__(self, patches: dict):
+        self.patches = patches
 
     def find_spec(self, name, path=None, target=None):
-        if name not in _AFTER_IMPORT:
+        if name not in self.patches:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -226,7 +229,7 @@ class _AfterImportFinder:
         loader = spec.loader
         original_exec = loader.exec_module
 
-        def exec_module(module, _exec=original_exec, _patch=_AFTER_IMPORT[name]):
+        def exec_module(module, _exec=original_exec, _patch=self.patches[name]):
             _exec(module)
             _patch(module)
 
@@ -237,12 +240,13 @@ class _AfterImportFinder:
         return spec
 
 
-def _install_after_import_patches() -> None:
-    for name, patch in _AFTER_IMPORT.items():
+def install_after_import_patches(patches: dict) -> None:
+    """Run ``patches[name](module)`` on ``name`` now if it is imported, else right after its import."""
+    for name, patch in patches.items():
         if name in sys.modules:
             patch(sys.modules[name])
-    if not any(isinstance(f, _AfterImportFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImportFinder())
+    if not any(isinstance(f, _AfterImportFinder) and f.patches is patches for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImportFinder(patches))
 
 
 def install() -> None:
@@ -250,11 +254,11 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    _install_sgl_kernel_stand_in()
+    install_sgl_kernel_stand_in()
     _patch_torch_device_module()
     from . import cpu_ops, spec_ops
 
     cpu_ops.register()
     spec_ops.register()
     _patch_triton_autotune()
-    _install_after_import_patches()
+    install_after_import_patches(_AFTER_IMPORT)

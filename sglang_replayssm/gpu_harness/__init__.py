@@ -1,0 +1,63 @@
+"""GPU harness: stock SGLang 0.5.23 (with or without our plugin) on a CUDA machine that cannot install it.
+
+For the H200 lent to this project: torch 2.11 / Triton 3.6 / Python 3.12, no internet, no SGLang.
+SGLang's Python code and its pure-Python (and small binary) dependencies travel as wheels
+(``tools/h200_wheels.sh`` builds them, ``tools/h200_wheels.txt`` lists them); its 373 MB compiled kernel
+wheel does not, and ``bridge.py`` stands in for it. Switched on by ``activate()`` in the launching
+process (``tools/h200_serve.py`` does); nothing here runs unless asked.
+
+``activate()``: ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1``, ``site/`` first on ``PYTHONPATH`` (its
+``sitecustomize`` installs the bridge in every process SGLang spawns, before they import SGLang) and the
+bridge in this process.
+``gpu_server_args(argv)`` adds ``GPU_DEFAULTS`` unless the user gave the flag (an explicit flag wins).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sglang_replayssm.cpu_harness import _given
+
+SITE_DIR = Path(__file__).resolve().parent / "site"
+
+# flag -> value (None: a switch): the paths whose compiled kernels the bridge replaces or avoids
+GPU_DEFAULTS: dict[str, str | None] = {
+    "--attention-backend": "triton",
+    "--sampling-backend": "pytorch",
+    "--grammar-backend": "none",
+    # SM90 would default GDN prefill to FlashInfer's Hopper kernel (flashinfer is not shipped)
+    "--linear-attn-prefill-backend": "triton",
+    "--linear-attn-decode-backend": "triton",
+    # the plugin's radix-cache strategy; SGLang refuses no_buffer with the overlap scheduler
+    "--mamba-radix-cache-strategy": "no_buffer",
+    "--disable-overlap-schedule": None,
+}
+
+
+def gpu_server_args(argv: list[str]) -> list[str]:
+    """``argv`` plus every GPU default it does not set itself."""
+    out = list(argv)
+    for flag, value in GPU_DEFAULTS.items():
+        if not _given(argv, flag):
+            out += [flag] if value is None else [flag, value]
+    return out
+
+
+def harness_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) with ``site/`` first on ``PYTHONPATH`` and SGLang's kernel
+    version check off."""
+    env = dict(os.environ if env is None else env)
+    # SGLang's own switch for its sglang-kernel version check (the stand-in has no package metadata)
+    env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
+    return env
+
+
+def activate() -> None:
+    """Switch this process (and every process it starts from now on) to the GPU harness."""
+    os.environ.update(harness_env())
+    from .bridge import install
+
+    install()
