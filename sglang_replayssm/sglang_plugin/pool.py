@@ -195,7 +195,8 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._pending_decode: torch.Tensor | None = None
         self._steps_since_metrics = 0
         self._metrics_interval = max(1, int(os.environ.get(METRICS_INTERVAL_ENV, "16")))
-        self._acc = torch.zeros(4, dtype=torch.float64, device=device)  # flush rows, rows, records read, occupancy
+        # decode: flush rows, rows, records read, occupancy; verify rows at commit: fold rows, rows
+        self._acc = torch.zeros(6, dtype=torch.float64, device=device)
         self._ssm_itemsize = cache_params.dtype.temporal.itemsize
         ours = self.replay.bytes_per_slot() + sum(_tensor_bytes(c[:, 0]) for c in conv)
         theirs_slot = cache_params.mamba_cache_per_req
@@ -252,18 +253,23 @@ class ReplayMambaPool(_SGLangMambaPool):
         buf[:bs].copy_(torch.tensor(parents, dtype=torch.int32), non_blocking=True)
         self.verify_parents = buf[:bs]
 
-    def commit(self, slots: list[int], accepted: list[int], paths=None) -> None:
+    def commit(self, slots: list[int], accepted: list[int], paths=None, slots_t: torch.Tensor | None = None,
+               accepted_t: torch.Tensor | None = None) -> None:
+        """Commit the open verify of ``slots`` (``accepted`` records each, bonus included). ``slots_t`` /
+        ``accepted_t``: the same values on the device when the caller has them (the verify-row fold count
+        for the metrics is then taken there, with no upload and no host sync)."""
         keep = [i for i, s in enumerate(slots) if s > 0 and self.replay.pending(s)]
         if not keep:
             return
+        if slots_t is None or accepted_t is None or len(keep) != len(slots):
+            dev = self.replay.device
+            slots_t = torch.tensor([slots[i] for i in keep], dtype=torch.long, device=dev)
+            accepted_t = torch.tensor([accepted[i] for i in keep], dtype=torch.long, device=dev)
         slots = [slots[i] for i in keep]
         accepted = [accepted[i] for i in keep]
         pend = [self.replay.pending(s) for s in slots]
-        before = self.replay.cursor[torch.as_tensor(slots, device=self.replay.device)].tolist()
+        self._account_commit(slots_t, accepted_t)   # before the pointer moves
         self.replay.commit(slots, accepted, None if paths is None else [paths[i] for i in keep], fold=self._fold)
-        folds = sum(int(c + a >= self.replay.cfg.window) for c, a in zip(before, accepted))
-        metrics.inc("replayssm:flushes_total", folds)
-        metrics.inc("replayssm:nonflush_steps_total", len(slots) - folds)
         metrics.inc("replayssm:accepted_records_total", sum(accepted))
         metrics.inc("replayssm:rollbacks_total", sum(p - a for p, a in zip(pend, accepted)))
 
@@ -299,6 +305,17 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._acc[2] += torch.where(live, cur, torch.zeros_like(cur)).sum()
         self._acc[3] = (torch.where(live, cur + 1, torch.zeros_like(cur)).sum() / live.sum().clamp(min=1)
                         / self.replay.cfg.window)   # metric_names: committed records / window
+        self._count_step()
+
+    def _account_commit(self, slots_t: torch.Tensor, accepted_t: torch.Tensor) -> None:
+        """Verify rows at their commit: a row folds when its committed records reach the window (device
+        counts, read with the decode counters)."""
+        cur = self.replay.cursor[slots_t.long()].to(torch.float64)
+        self._acc[4] += ((cur + accepted_t.to(torch.float64)) >= self.replay.cfg.window).sum()
+        self._acc[5] += slots_t.numel()
+        self._count_step()
+
+    def _count_step(self) -> None:
         self._steps_since_metrics += 1
         if self._steps_since_metrics >= self._metrics_interval:
             self.flush_metrics()
@@ -306,8 +323,9 @@ class ReplayMambaPool(_SGLangMambaPool):
     def flush_metrics(self) -> None:
         if self.replay is None:
             return
-        flushes, rows, recs_read, occupancy = self._acc.tolist()  # one host sync per interval
+        flushes, rows, recs_read, occupancy, v_folds, v_rows = self._acc.tolist()  # one host sync per interval
         self._acc[:3] = 0
+        self._acc[4:] = 0
         self._steps_since_metrics = 0
         nl, g = self.num_mamba_layers, self.geometry
         state = g.num_heads * g.head_v_dim * g.head_k_dim
@@ -320,8 +338,8 @@ class ReplayMambaPool(_SGLangMambaPool):
         read = nl * (nonflush * read_b + flushes * ckpt_b + recs_read * rec_b)
         written = nl * (rows * rec_b + flushes * (ckpt_b + rc_b))
         conventional = nl * rows * 2 * state * self._ssm_itemsize
-        metrics.inc("replayssm:flushes_total", flushes)
-        metrics.inc("replayssm:nonflush_steps_total", nonflush)
+        metrics.inc("replayssm:flushes_total", flushes + v_folds)
+        metrics.inc("replayssm:nonflush_steps_total", nonflush + v_rows - v_folds)
         metrics.inc("replayssm:state_bytes_read_total", read)
         metrics.inc("replayssm:state_bytes_written_total", written)
         metrics.inc("replayssm:conventional_state_bytes_total", conventional)

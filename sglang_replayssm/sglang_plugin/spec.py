@@ -32,9 +32,9 @@ def _path_to(parents_row, node: int) -> list[int]:
     return path[::-1]
 
 
-def commit_rows(pool, slots: list[int], accepted: list[int], paths) -> None:
+def commit_rows(pool, slots: list[int], accepted: list[int], paths, slots_t=None, accepted_t=None) -> None:
     pool.settle()
-    pool.commit(slots, accepted, paths)
+    pool.commit(slots, accepted, paths, slots_t=slots_t, accepted_t=accepted_t)
     pool.verify_parents = None
 
 
@@ -64,7 +64,7 @@ def commit_mamba_states_after_verify(original, target_worker, batch, accept_lens
     pos = accept_index.reshape(bs, -1).tolist()
     paths = [[p - b * T for p in pos[b][: acc[b]]] for b in range(bs)]
     chain = all(p == list(range(len(p))) for p in paths)
-    commit_rows(pool, slots, acc, None if chain else paths)
+    commit_rows(pool, slots, acc, None if chain else paths, slots_t=slots_t, accepted_t=accept_lens[:bs])
     last = torch.tensor([p[-1] if p else -1 for p in paths], dtype=torch.int64, device=accept_lens.device)
     src_rows = batch.req_pool_indices[:bs] if pp_spec_stable_rows_enabled() else None
     rollback_conv(HybridLinearAttnBackend, pool, slots_t, last, src_rows)
@@ -87,6 +87,7 @@ def update_mamba_state_after_mtp_verify(original, self, last_correct_step_indice
     last = [int(x) for x in last_correct_step_indices.tolist()]
     parents = None if pool.verify_parents is None else pool.verify_parents.tolist()
     paths = [list(range(n + 1)) if parents is None else _path_to(parents[b], n) for b, n in enumerate(last)]
-    commit_rows(pool, slots, [len(p) for p in paths], None if parents is None else paths)
+    commit_rows(pool, slots, [len(p) for p in paths], None if parents is None else paths, slots_t=slots_t,
+                accepted_t=None if parents is not None else last_correct_step_indices + 1)
     rollback_conv(type(self), pool, slots_t, last_correct_step_indices, None)
     return None
