@@ -8,7 +8,8 @@ lets CI start ``sglang serve`` with the ReplaySSM plugin on every change. Switch
 
 * ``SGLANG_USE_CPU_ENGINE=1`` (SGLang's CPU platform; ``--device cpu`` alone still takes CUDA paths),
   ``TRITON_INTERPRET=1`` (SGLang launches a few Triton kernels on CPU tensors) and
-  ``TRITON_F32_DEFAULT=ieee`` (the interpreter would round ``tl.dot`` inputs to TF32);
+  ``TRITON_F32_DEFAULT=ieee`` (the interpreter would round ``tl.dot`` inputs to TF32),
+  ``SGLANG_MAMBA_CONV_DTYPE=float32`` (conv states in the model's fp32, not SGLang's default bf16);
 * puts ``site/`` first on ``PYTHONPATH``: its ``sitecustomize`` installs ``bridge.install()`` in every
   process SGLang spawns (schedulers, detokenizer), before they import SGLang;
 * installs the bridge in this process too (``bridge.py``: the ``sgl_kernel`` stand-in, ``torch.cpu`` as
@@ -49,12 +50,19 @@ def _given(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+# SGLang has no flag that turns the overlap scheduler on, only --disable-overlap-schedule: "1" here keeps the
+# harness from adding that default (the overlap scheduler then runs, on CPU as on a GPU)
+OVERLAP_ENV = "SGLANG_REPLAYSSM_CPU_OVERLAP"
+
+
 def cpu_server_args(argv: list[str]) -> list[str]:
     """``argv`` plus every CPU default it does not set itself."""
     out = list(argv)
     speculative = _given(argv, "--speculative-algorithm")
     for flag, value in CPU_DEFAULTS.items():
         if _given(argv, flag):
+            continue
+        if flag == "--disable-overlap-schedule" and os.environ.get(OVERLAP_ENV) == "1":
             continue
         if flag == "--attention-backend" and speculative:
             value = SPECULATIVE_ATTENTION_BACKEND
@@ -69,6 +77,9 @@ def harness_env(env: dict | None = None) -> dict:
     env["TRITON_INTERPRET"] = "1"
     # the interpreter emulates TF32 in tl.dot by default (errors ~1e-3 against fp32 transformers): plain fp32
     env.setdefault("TRITON_F32_DEFAULT", "ieee")
+    # SGLang keeps conv states in bf16 unless told: fp32 like the model (--dtype float32); SGLang's extra_buffer
+    # prefill writes the model's activations into the conv state with an index_put that needs equal dtypes
+    env.setdefault("SGLANG_MAMBA_CONV_DTYPE", "float32")
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
     return env

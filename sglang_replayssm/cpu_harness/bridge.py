@@ -7,19 +7,22 @@
    wheel's pure-Python submodules importable (its ``__path__`` is the wheel's folder) and answers every
    other name with a function that raises a clear error when called (no compiler, nothing written).
 2. ``torch.get_device_module()`` answers ``torch.cpu`` (PyPI's torch is a CUDA build, so it would
-   answer ``torch.cuda``), and ``torch.cpu.device`` exists (a no-op context, as ``torch.cuda.device``).
+   answer ``torch.cuda``), ``torch.cpu.device`` exists (a no-op context, as ``torch.cuda.device``), and
+   ``Tensor.pin_memory()`` returns the tensor (it needs a CUDA driver).
 3. PyTorch versions of the ``torch.ops.sgl_kernel.*_cpu`` ops SGLang's CPU engine calls, which only
    SGLang's unpublished CPU kernel build has (``cpu_ops.py``: convolution, gated delta rule, gated norm;
    ``spec_ops.py``: the speculative-decoding bookkeeping ops).
 4. Triton's autotuner takes its first config under the interpreter (``TRITON_INTERPRET=1``, which the
    harness sets: SGLang launches a few Triton kernels on CPU tensors).
-5. Two SGLang modules are completed right after they are imported (``_AFTER_IMPORT``):
+5. Some SGLang modules are completed right after they are imported (``_AFTER_IMPORT``):
    ``layers/attention/mamba/mamba.py`` binds its causal-conv functions only on CUDA/NPU/XPU, so on CPU
    they are bound to SGLang's own Triton versions (as its XPU branch does); the GDN backend's CPU conv
    update has no per-draft conv window, so a target-verify call (``intermediate_conv_window=``) goes to
    SGLang's Triton conv update instead; GDN decode takes the packed Triton kernels it takes on a GPU
-   (which is where SGLang's own ``--enable-linear-replayssm`` decode lives); the NGRAM worker builds the
-   full tree mask the Triton attention backend reads.
+   (which is where SGLang's own ``--enable-linear-replayssm`` decode lives), and its prefill returns the
+   per-chunk states ``h`` (as FLA's kernel does; the CPU op's wrapper returns None); the NGRAM worker builds
+   the full tree mask the Triton attention backend reads; ``--mamba-radix-cache-strategy extra_buffer`` is
+   allowed on the CPU platform (its track snapshots are SGLang's Triton kernels and that ``h``).
 """
 
 from __future__ import annotations
@@ -108,6 +111,20 @@ def _patch_torch_device_module() -> None:
 
     get_device_module._cpu_harness = True
     torch.get_device_module = get_device_module
+    _patch_pin_memory(torch)
+
+
+def _patch_pin_memory(torch) -> None:
+    """``Tensor.pin_memory()`` needs a CUDA driver; without one it returns the tensor (the host copy it
+    would stage through is the tensor itself). SGLang's extra_buffer decode pins its track mask."""
+    if torch.cuda.is_available() or getattr(torch.Tensor.pin_memory, "_cpu_harness", False):
+        return
+
+    def pin_memory(self, *args, **kwargs):
+        return self
+
+    pin_memory._cpu_harness = True
+    torch.Tensor.pin_memory = pin_memory
 
 
 def _patch_triton_autotune() -> None:
@@ -194,6 +211,26 @@ def _gdn_packed_decode_on_cpu(mod) -> None:
     cls.supports_packed_decode = True
 
 
+def _gdn_prefill_with_chunk_states(mod) -> None:
+    """GDN prefill returns the per-chunk states ``h`` as FLA's kernel does on a GPU (the CPU op's wrapper
+    returns None), which the extra_buffer radix cache tracks interior chunk boundaries from."""
+    from .cpu_ops import chunk_gated_delta_rule_with_h
+
+    mod.chunk_gated_delta_rule = chunk_gated_delta_rule_with_h
+
+
+def _gdn_triton_on_cpu(mod) -> None:
+    _gdn_packed_decode_on_cpu(mod)
+    _gdn_prefill_with_chunk_states(mod)
+
+
+def _mamba_snapshots_on_cpu(mod) -> None:
+    """SGLang allows ``--mamba-radix-cache-strategy extra_buffer`` only on platforms whose kernels write
+    the track snapshots; on CPU they are SGLang's Triton track kernels (under the interpreter) and the
+    chunk states of ``_gdn_prefill_with_chunk_states``."""
+    mod._platform_supports_mamba_cache_extra_buffer = lambda: True
+
+
 def _ngram_full_tree_mask(mod) -> None:
     """On CPU SGLang's NGRAM worker builds the draft-only tree mask its AMX attention backend reads; the
     harness verifies with the Triton attention backend, which reads the full mask (prefix + drafts), as on
@@ -203,7 +240,8 @@ def _ngram_full_tree_mask(mod) -> None:
 
 _AFTER_IMPORT = {
     "sglang.srt.speculative.ngram_worker": _ngram_full_tree_mask,
-    "sglang.srt.layers.attention.linear.kernels.gdn_triton": _gdn_packed_decode_on_cpu,
+    "sglang.srt.layers.attention.linear.kernels.gdn_triton": _gdn_triton_on_cpu,
+    "sglang.srt.arg_groups.mamba_hook": _mamba_snapshots_on_cpu,
     "sglang.srt.layers.attention.mamba.mamba": _bind_mamba_conv,
     "sglang.srt.layers.attention.linear.gdn_backend": _route_gdn_verify_conv,
 }

@@ -105,6 +105,31 @@ def _prep_qk(q, k, HV, use_l2norm, scale=None):
     return q.repeat_interleave(rep, dim=-2), k.repeat_interleave(rep, dim=-2)
 
 
+def _chunked_prefill(query, key, value, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                     initial_state_indices, chunk: int | None):
+    """The varlen prefill of ``chunk_gated_delta_rule_cpu``; also the states at the start of every ``chunk``
+    tokens of each sequence (what FLA's chunk kernel returns as ``h``), when ``chunk`` is given."""
+    HV = value.shape[-2]
+    out = torch.empty(value.shape, dtype=value.dtype)
+    starts = cu_seqlens.tolist()
+    finals, h = [], []
+    for i in range(len(starts) - 1):
+        lo, hi = starts[i], starts[i + 1]
+        slot = int(initial_state_indices[i]) if initial_state_indices is not None else i
+        init = initial_state[slot].float()
+        q, k = _prep_qk(query[0, lo:hi], key[0, lo:hi], HV, use_qk_l2norm_in_kernel)
+        o, states = _delta_rule_tokens(init, q, k, value[0, lo:hi].float(), g[0, lo:hi].float(),
+                                       beta[0, lo:hi].float())
+        out[0, lo:hi] = o.to(out.dtype)
+        final = states[-1] if hi > lo else init
+        if chunk:
+            h += [init if c == 0 else states[c - 1] for c in range(0, max(hi - lo, 1), chunk)]
+        initial_state[slot] = final.to(initial_state.dtype)
+        finals.append(final)
+    final_states = torch.stack(finals).to(initial_state.dtype) if finals else initial_state[:0]
+    return out, final_states, (torch.stack(h).unsqueeze(0) if h else None)
+
+
 def chunk_gated_delta_rule_cpu(query, key, value, g, beta, initial_state, output_final_state, cu_seqlens,
                                head_first, use_qk_l2norm_in_kernel, initial_state_indices=None, eps=1e-5):
     """Prefill of varlen sequences: ``query, key [1, tokens, Hk, K]``, ``value [1, tokens, HV, V]``,
@@ -112,22 +137,24 @@ def chunk_gated_delta_rule_cpu(query, key, value, g, beta, initial_state, output
     and the final states written back there. Returns ``(out [1, tokens, HV, V], final states)``."""
     if head_first:
         raise NotImplementedError("chunk_gated_delta_rule_cpu: head_first layout is not supported")
-    HV = value.shape[-2]
-    out = torch.empty(value.shape, dtype=value.dtype)
-    starts = cu_seqlens.tolist()
-    finals = []
-    for i in range(len(starts) - 1):
-        lo, hi = starts[i], starts[i + 1]
-        slot = int(initial_state_indices[i]) if initial_state_indices is not None else i
-        q, k = _prep_qk(query[0, lo:hi], key[0, lo:hi], HV, use_qk_l2norm_in_kernel)
-        o, states = _delta_rule_tokens(initial_state[slot].float(), q, k, value[0, lo:hi].float(),
-                                       g[0, lo:hi].float(), beta[0, lo:hi].float())
-        out[0, lo:hi] = o.to(out.dtype)
-        final = states[-1] if hi > lo else initial_state[slot].float()
-        initial_state[slot] = final.to(initial_state.dtype)
-        finals.append(final)
-    final_states = torch.stack(finals).to(initial_state.dtype) if finals else initial_state[:0]
+    out, final_states, _ = _chunked_prefill(query, key, value, g, beta, initial_state, cu_seqlens,
+                                            use_qk_l2norm_in_kernel, initial_state_indices, None)
     return out, final_states
+
+
+GDN_CHUNK = 64   # FLA's chunk size, SGLang's mamba_chunk_size for GDN: the grid of ``h``
+
+
+def chunk_gated_delta_rule_with_h(q, k, v, g, beta, initial_state, cu_seqlens, head_first, use_qk_l2norm_in_kernel,
+                                  initial_state_indices):
+    """What ``gdn_triton.chunk_gated_delta_rule`` is on a GPU (FLA's chunk kernel): ``(out, final states,
+    h)`` with ``h [1, chunks, HV, V, K]`` the state at the start of every 64-token chunk of each sequence
+    (``sgl_kernel.mamba.chunk_gated_delta_rule_cpu`` returns ``h = None``). The extra_buffer radix cache
+    tracks interior chunk states from ``h``."""
+    if head_first:
+        raise NotImplementedError("chunk_gated_delta_rule_with_h: head_first layout is not supported")
+    return _chunked_prefill(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                            initial_state_indices, GDN_CHUNK)
 
 
 def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b, initial_state_source,

@@ -14,8 +14,9 @@ models with SGLang's pool, other models) calls SGLang's kernel unchanged.
   extend hooks then refresh the read copy and mark the ring empty (``ReplayMambaPool.after_prefill``).
 * Per-step metadata: ``init_forward_metadata`` (eager) and ``init_forward_metadata_out_graph``
   (CUDA-graph replay) of the three backends note the decode rows (cursor move after the step) or open
-  the verify (draft count, tree parents). The kernels read the cursors from the pool's device tensor,
-  so a captured graph sees the current cursors without extra metadata buffers.
+  the verify (draft count, tree parents), and note the rows at an extra_buffer track boundary (``track.py``;
+  noted here, outside any captured graph, and copied after the step). The kernels read the cursors from the
+  pool's device tensor, so a captured graph sees the current cursors without extra metadata buffers.
 """
 
 from __future__ import annotations
@@ -239,7 +240,12 @@ def note_step(backend, forward_batch) -> None:
         pool.begin_verify(slots, T, parents)
         pool.set_verify_parents(parents)
     elif mode.is_decode():
-        pool.note_decode(idx[: int(forward_batch.batch_size)])
+        bs = int(forward_batch.batch_size)
+        pool.note_decode(idx[:bs])
+        mask = getattr(forward_batch, "mamba_track_mask", None)
+        if mask is not None:   # extra_buffer: rows at a track boundary (copied after the step, track.py)
+            dst = getattr(md, "mamba_track_indices", None)
+            pool.note_track(idx, mask, forward_batch.mamba_track_indices if dst is None else dst, bs)
     elif mode.is_extend():
         # Prefill (or mixed prefill + decode). SGLang's chunked kernels read the checkpoint as the
         # initial state, so every row they process must have an empty ring: fold any committed

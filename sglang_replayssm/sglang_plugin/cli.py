@@ -6,7 +6,8 @@ sglang.launch_server``, our launcher).
 * ``ServerArgs.from_cli_args`` (around): when any flag was given (or ``SGLANG_REPLAYSSM_OPTIONS`` is
   set), builds and validates the options (value checks in ``flags.py``, combination checks against
   SGLang's arguments in ``options.py``), resolves ``--mamba-radix-cache-strategy auto`` to
-  ``no_buffer``, stores the options in the environment for the processes SGLang spawns, and keeps a
+  ``no_buffer`` with speculative decoding (otherwise SGLang resolves it: ``extra_buffer`` with the overlap
+  scheduler or pages > 1 where the model supports it), stores the options in the environment for the processes SGLang spawns, and keeps a
   copy on the record (``server_args._replayssm_options``, bookkeeping that survives pickling).
 """
 
@@ -53,8 +54,9 @@ def from_cli_args(original, cls, args):
     opts = options_from_namespace(args)
     if opts is not None:
         check_against_sglang(opts, args)
-        if opts.decode and getattr(args, "mamba_radix_cache_strategy", None) == "auto":
-            args.mamba_radix_cache_strategy = "no_buffer"
+        if (opts.decode and getattr(args, "mamba_radix_cache_strategy", None) == "auto"
+                and getattr(args, "speculative_algorithm", None)):
+            args.mamba_radix_cache_strategy = "no_buffer"   # extra_buffer + speculative: not yet (options.py)
     set_active(opts)
     if opts is not None:
         from .hooks import ensure_engine_hooks

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import backends, budget, cli, spec
+from . import backends, budget, cli, spec, track
 from .options import active_options
 from .pool import ReplayMambaPool, settle_all
 
@@ -57,7 +57,11 @@ def engine_table() -> list[tuple[str, object, HookType]]:
         (f"{_KDA}.KDAAttnBackend.init_forward_metadata", backends.init_metadata_after, HookType.AFTER),
         (f"{_HYB}.MambaAttnBackendBase.init_forward_metadata_out_graph", backends.init_metadata_after,
          HookType.AFTER),
-        # cursor move once all layers of a decode step ran
+        # extra_buffer: the radix cache's track slots get whole ReplaySSM slots (track.py)
+        (f"{_HYB}.MambaAttnBackendBase._track_mamba_state_decode", track.track_mamba_state_decode, HookType.AROUND),
+        (f"{_HYB}.MambaAttnBackendBase._track_mamba_state_extend", track.track_mamba_state_extend, HookType.AROUND),
+        (f"{_HYB}.track_mamba_states_if_needed", track.track_mamba_states_if_needed, HookType.AROUND),
+        # cursor move (and the noted track copies) once all layers of a decode step ran
         ("sglang.srt.model_executor.model_runner.ModelRunner.forward", _settle_after_forward, HookType.AFTER),
         # speculative commit
         ("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify", spec.commit_mamba_states_after_verify,

@@ -59,12 +59,16 @@ def check_against_sglang(opts: ReplaySSMOptions, args) -> None:
                 "--replayssm-* flags (both replace the same mamba state pool and kernels). Use one: drop "
                 f"{flag}, or drop the --replayssm-* flags (or unset {ENV_VAR}).")
     strategy = _get(args, "mamba_radix_cache_strategy", "auto")
-    if opts.decode and strategy in ("extra_buffer", "extra_buffer_lazy"):
+    if opts.decode and strategy == "extra_buffer_lazy":
         raise FlagError(
             "--mamba-radix-cache-strategy",
-            f"'{strategy}' copies the live SSM state into ping-pong track slots during decode; with "
-            "--replayssm-decode the live state is checkpoint + record ring, so only 'no_buffer' (or 'auto', "
-            "which the plugin then resolves to 'no_buffer') is supported")
+            "'extra_buffer_lazy' is not supported with --replayssm-decode (it needs the overlap scheduler, which "
+            "the plugin's tests cannot run): use 'extra_buffer' or 'no_buffer'")
+    if opts.decode and strategy == "extra_buffer" and _get(args, "speculative_algorithm", None):
+        raise FlagError(
+            "--mamba-radix-cache-strategy",
+            "'extra_buffer' with speculative decoding tracks states at accepted-prefix boundaries inside the "
+            "verify, which the ReplaySSM commit does not do yet: use 'no_buffer' with --speculative-algorithm")
     if _get(args, "enable_int8_mamba_checkpoint", False):
         raise FlagError(
             "--enable-int8-mamba-checkpoint",

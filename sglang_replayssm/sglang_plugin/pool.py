@@ -19,7 +19,8 @@ When on:
   slot is marked allocated in our pool once; ``clear_slots`` resets, ``copy_from`` folds the source's
   committed records (a flush at the cached boundary) and forks checkpoint + read copy + cursor.
 * the cursor move after a decode step over all layers (``ReplayStatePool.advance``) is deferred to
-  ``settle()``, which runs after ``ModelRunner.forward`` and at the start of the next step.
+  ``settle()``, which runs after ``ModelRunner.forward`` and at the start of the next step; so are the
+  ``extra_buffer`` track copies of that step (``note_track``: whole-slot copies, ``track.py``).
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         _POOLS.add(self)
         metrics.metrics()   # every replayssm: family exported from the start
         self._pending_decode: torch.Tensor | None = None
+        self._pending_track: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._steps_since_metrics = 0
         self._metrics_interval = max(1, int(os.environ.get(METRICS_INTERVAL_ENV, "16")))
         # decode: flush rows, rows, records read, occupancy; verify rows at commit: fold rows, rows
@@ -223,11 +225,35 @@ class ReplayMambaPool(_SGLangMambaPool):
         slot operations (a HiCache backup thread calling ``get_cpu_copy`` mid-step must not move cursors
         before the step's kernels wrote their records)."""
         slots = self._pending_decode
-        if slots is None:
-            return
-        self._pending_decode = None
-        self._account_decode(slots)
-        self.replay.advance(slots)
+        if slots is not None:
+            self._pending_decode = None
+            self._account_decode(slots)
+            self.replay.advance(slots)
+        if self._pending_track is not None:
+            self._copy_tracked(*self._pending_track)
+            self._pending_track = None
+
+    def note_track(self, src: torch.Tensor, mask: torch.Tensor, dst: torch.Tensor, bs: int) -> None:
+        """This decode step's rows ``src`` with ``mask`` set are at a track boundary of the radix cache
+        (``--mamba-radix-cache-strategy extra_buffer``): their state after the step goes to ``dst``. Done
+        in settle(), after the step's cursor move (``track.py``). Every layer notes the same rows; the
+        first note of a step stands."""
+        if self._pending_track is None and dst is not None:
+            self._pending_track = (src[:bs], mask[:bs], dst[:bs])
+
+    def _copy_tracked(self, src: torch.Tensor, mask: torch.Tensor, dst: torch.Tensor) -> None:
+        """Whole-slot copy ``src -> dst`` (checkpoint, read copy, ring, cursor, SR counter, conv) of the
+        rows with ``mask``, on the device: rows without it copy the padding slot onto itself."""
+        src, dst = src.to(torch.long), dst.to(torch.long)
+        on = mask.to(torch.bool) & (src > 0) & (dst > 0)
+        s = torch.where(on, src, torch.zeros_like(src))
+        d = torch.where(on, dst, torch.zeros_like(dst))
+        for t in self.replay._per_slot_tensors():
+            t[:, d] = t[:, s]
+        for t in (self.replay.cursor, self.replay.folded):
+            t[d] = t[s]
+        for conv in self.mamba_cache.conv:
+            conv[:, d] = conv[:, s]
 
     def begin_verify(self, slots: list[int], num_drafts: int, parents=None) -> None:
         self.settle()

@@ -26,7 +26,7 @@ def test_flags_reach_server_args_and_spawned_env():
     assert sa._replayssm_options == want
     assert json.loads(os.environ[ENV_VAR]) == want  # what spawned schedulers read
     assert options.active_options().window == 8
-    assert sa.mamba_radix_cache_strategy == "no_buffer"  # 'auto' resolved for ReplaySSM decode
+    assert sa.mamba_radix_cache_strategy == "auto"  # SGLang resolves it (extra_buffer is supported)
     import pickle
 
     assert pickle.loads(pickle.dumps(sa))._replayssm_options == want  # survives the trip to a scheduler
@@ -46,7 +46,9 @@ def test_no_flag_leaves_replayssm_off_and_sglang_unchanged():
     (["--replayssm-ckpt-precision", "fp16-sr", "--no-replayssm-decode"], "--replayssm-ckpt-precision"),
     (["--replayssm-decode", "--enable-linear-replayssm"], "--enable-linear-replayssm"),
     (["--replayssm-verify", "--enable-linear-replayssm-spec"], "--enable-linear-replayssm-spec"),
-    (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy"),
+    (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer_lazy"], "--mamba-radix-cache-strategy"),
+    (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer", "--speculative-algorithm", "NGRAM"],
+     "--mamba-radix-cache-strategy"),
     (["--replayssm-decode", "--enable-int8-mamba-checkpoint"], "--enable-int8-mamba-checkpoint"),
 ])
 def test_bad_combinations_raise_flag_error_naming_the_flag(argv, flag):

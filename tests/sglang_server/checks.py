@@ -201,6 +201,61 @@ def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer) -> None:
     assert why is None, f"cached answer differs from uncached: {why}"
 
 
+# Shared-prefix workloads (extra_buffer): the radix cache holds states at track boundaries only (multiples of
+# the track grid, 64 tokens in the configurations that run these), so the shared parts are longer than that.
+SYSTEM = ("You are a careful assistant. Answer briefly and precisely; when a question is unclear, say so and "
+          "ask for the missing detail.\n")
+FEW_SHOT = "Q: 2 + 2?\nA: 4\nQ: 3 + 5?\nA: 8\nQ: 10 - 4?\nA: 6\nQ: 7 * 3?\nA: 21\n"
+SHARED_NEW_TOKENS = 8
+
+
+def _workload(server: SGLangServer, fresh: bool) -> dict[str, dict]:
+    """Multi-turn chat (turn 2 extends turn 1 and its answer), a fork of that conversation (two follow-ups, sent
+    at once), few-shot prompts (one prefix, two questions), in that order, each request built from the answers
+    before it. ``fresh``: every request alone on an empty cache (the cache flushed before each)."""
+    ids = lambda t: prompt_ids(server, t)  # noqa: E731
+
+    def gen(x):
+        if fresh:
+            _flush_cache(server)
+        return server.generate(x, max_new_tokens=SHARED_NEW_TOKENS)
+
+    out = {}
+
+    def run(name, x):
+        out[name] = {"ids": x, **gen(x)}
+        return out[name]["output_ids"]
+
+    turn1 = ids(SYSTEM + "User: what is the capital of France?\nAssistant:")
+    turn2 = turn1 + run("turn1", turn1) + ids("\nUser: and of Spain?\nAssistant:")
+    conv = turn2 + run("turn2", turn2)
+    forks = {f"fork{i}": conv + ids(f"\nUser: {q}\nAssistant:") for i, q in enumerate(("why?", "spell it."))}
+    with cf.ThreadPoolExecutor(1 if fresh else 2) as pool:
+        for name, res in zip(forks, pool.map(gen, forks.values())):
+            out[name] = {"ids": forks[name], **res}
+    for i, q in enumerate(("Q: 6 + 9?\nA:", "Q: 12 / 4?\nA:")):
+        run(f"few_shot{i}", ids(SYSTEM + FEW_SHOT + q))
+    return out
+
+
+def shared_prefix_workloads_hit_and_equal_uncached(server: SGLangServer) -> None:
+    """Every request of the shared-prefix workloads, served through the radix cache, equals the same request
+    alone on an empty cache; the requests after the first of each workload are served from the cache."""
+    uncached = _workload(server, fresh=True)
+    _flush_cache(server)
+    cached = _workload(server, fresh=False)
+    for name, want in uncached.items():
+        assert want["meta_info"]["cached_tokens"] == 0, (name, want["meta_info"])
+        got = cached[name]
+        assert got["ids"] == want["ids"], f"{server.name}: {name}: an earlier cached answer differed"
+        why = same_greedy(server, want["ids"], got["output_ids"], want["output_ids"])
+        assert why is None, f"{server.name}: {name}: cached answer differs from uncached: {why}"
+    for name in ("turn2", "fork0", "fork1", "few_shot1"):
+        assert cached[name]["meta_info"]["cached_tokens"] > 0, (name, cached[name]["meta_info"])
+    print(f"\n{server.name}: cached tokens " + ", ".join(
+        f"{n} {cached[n]['meta_info']['cached_tokens']}/{len(cached[n]['ids'])}" for n in cached))
+
+
 def aborted_streams_harm_no_one(server: SGLangServer) -> None:
     """Streams cut by their clients mid-generation: a request running beside them, and the same requests
     sent again afterwards, equal their solo answers; the server stays healthy."""

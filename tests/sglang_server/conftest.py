@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang server tests need the sglang package (pip install -e .[test])")
 requests = pytest.importorskip("requests")
 
-from sglang_replayssm.cpu_harness import cpu_server_args, harness_env  # noqa: E402
+from sglang_replayssm.cpu_harness import OVERLAP_ENV, cpu_server_args, harness_env  # noqa: E402
 
 START_TIMEOUT_S = 300
 PROMPTS = ("The quick brown fox", "hello, world! How are you", "def main(argv):\n    for i in range(10):")
@@ -35,7 +35,10 @@ NEW_TOKENS = 20
 CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "gdn-stock": ("qwen3_next", False, [], {}),
     "gdn-sglang-replayssm": ("qwen3_next", False, ["--enable-linear-replayssm"], {}),
-    "gdn-L16": ("qwen3_next", True, ["--enable-metrics", "--max-running-requests", "4"], {}),
+    # the radix cache's extra_buffer strategy with pages of 16 and the overlap scheduler (track grid 64 tokens)
+    "gdn-L16": ("qwen3_next", True, ["--mamba-radix-cache-strategy", "extra_buffer", "--replayssm-window", "16",
+                                     "--mamba-track-interval", "64", "--page-size", "16", "--enable-metrics",
+                                     "--max-running-requests", "4"], {OVERLAP_ENV: "1"}),
     "gdn-L4-kernels": ("qwen3_next", True, ["--replayssm-window", "4"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
     "gdn-L1-fp16sr-fp8": ("qwen3_next", True, ["--replayssm-window", "1", "--replayssm-ckpt-precision", "fp16-sr",
                                                "--replayssm-read-copy", "fp8"], {}),

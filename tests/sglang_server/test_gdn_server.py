@@ -1,6 +1,7 @@
 """Qwen3-Next (Gated DeltaNet + MoE) served by the real SGLang server on CPU: stock, SGLang's own
 ReplaySSM, and our plugin at windows 1 / 4 / 16 with the reference ops and the Triton kernels (under
-Triton's interpreter), fp16-sr checkpoints with an fp8 read copy, and NGRAM speculative decoding."""
+Triton's interpreter), fp16-sr checkpoints with an fp8 read copy, and NGRAM speculative decoding. The
+window-16 server runs the radix cache's extra_buffer strategy, pages of 16 and the overlap scheduler."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def test_plugin_window16_concurrency_above_max_running(servers):
     checks.concurrent_requests_equal_solo(servers.get("gdn-L16"), n=10)
 
 
-def test_plugin_window16_multi_turn_hits_the_radix_cache(servers):
-    checks.multi_turn_hits_cache_and_equals_uncached(servers.get("gdn-L16"))
+def test_plugin_window16_extra_buffer_shared_prefixes_hit_and_equal_uncached(servers):
+    checks.shared_prefix_workloads_hit_and_equal_uncached(servers.get("gdn-L16"))
 
 
 def test_plugin_window16_aborted_streams_harm_no_one(servers):

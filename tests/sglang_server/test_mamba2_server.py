@@ -24,6 +24,10 @@ def test_plugin_window4_metrics_move(servers):
     checks.metrics_move(servers.get("m2-L4"))
 
 
+def test_plugin_window4_no_buffer_multi_turn_hits_the_radix_cache(servers):
+    checks.multi_turn_hits_cache_and_equals_uncached(servers.get("m2-L4"))
+
+
 def test_plugin_triton_kernels_window1_equal_transformers(servers):
     s = servers.get("m2-L1-kernels")
     checks.plugin_log_says(s, "window 1", "ops kernels")

@@ -1,0 +1,106 @@
+"""``extra_buffer`` track copies through SGLang's own backend classes (``track.py``): the track slot the radix
+cache will hold gets the whole ReplaySSM slot of the live row after the decode step (checkpoint + ring +
+cursor, conv), and a prefill-tracked slot's stale ring is emptied; the live slot is left as it was."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from .conftest import GDN, make_req_pool, replayssm, sglang_context
+from .test_backends import _batch, _delta_backend, _delta_inputs
+
+
+def _decode_step(be, req_pool, slots, A_log, dt_bias, track=None, same_inputs=False):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    fb = _batch(ForwardMode.DECODE, slots, req_pool)
+    if track is not None:
+        fb.mamba_track_mask = torch.tensor([s in track for s in slots])
+        fb.mamba_track_indices = torch.tensor([track.get(s, -1) for s in slots], dtype=torch.int64)
+    be.init_forward_metadata(fb)
+    idx = be.forward_metadata.mamba_cache_indices
+    for layer_id in (0, 2):
+        cache = req_pool.mamba2_layer_cache(layer_id)
+        q, k, v, a, b = _delta_inputs("gdn", len(slots))
+        if same_inputs:
+            q, k, v, a, b = (t[:1].expand_as(t).contiguous() for t in (q, k, v, a, b))
+        be.kernel_dispatcher.decode(q[None], k[None], v[None], a, b, A_log=A_log, dt_bias=dt_bias,
+                                    ssm_states=cache.temporal, cache_indices=idx, query_start_loc=None)
+        cache.conv[0][idx.long()] = torch.randn_like(cache.conv[0][idx.long()])   # what SGLang's conv kernel does
+        # GDNAttnBackend.forward_decode's call after each layer (hooked: noted, copied after the step)
+        be._track_mamba_state_decode(fb, cache.conv[0], cache.temporal, idx, layer_id)
+    req_pool.mamba_pool.settle()   # the ModelRunner.forward hook's call
+
+
+def test_decode_track_copies_the_whole_slot_after_the_step():
+    torch.manual_seed(3)
+    W = 4
+    with replayssm(window=W), sglang_context() as sa:
+        req_pool = make_req_pool("gdn", size=5)
+        pool = req_pool.mamba_pool
+        be = _delta_backend("gdn", sa, req_pool)
+        slots = [1, 2]
+        A_log, dt_bias = torch.randn(GDN["H"]) * 0.3, torch.randn(GDN["H"]) * 0.3
+        for _ in range(2):
+            _decode_step(be, req_pool, slots, A_log, dt_bias)
+        # step 3: slot 1 is at a track boundary (state after this step -> slot 4), slot 2 is not
+        _decode_step(be, req_pool, slots, A_log, dt_bias, track={1: 4})
+        assert pool.replay.cursor[[1, 4]].tolist() == [3, 3]   # the ring came along, after the cursor move
+        for layer in range(2):
+            torch.testing.assert_close(pool.materialize(layer, [4]), pool.materialize(layer, [1]), rtol=0, atol=0)
+        for conv in pool.mamba_cache.conv:
+            assert torch.equal(conv[:, 4], conv[:, 1])
+        live_before = [pool.materialize(layer, slots) for layer in range(2)]
+        # a request matching the node resumes from it; the node and the live rows decode on unchanged
+        pool.copy_from(torch.tensor([4]), torch.tensor([3]))
+        for layer in range(2):
+            torch.testing.assert_close(pool.materialize(layer, [3]), live_before[layer][:1], rtol=1e-6, atol=1e-6)
+        _decode_step(be, req_pool, [1, 3], A_log, dt_bias, same_inputs=True)
+        for layer in range(2):
+            torch.testing.assert_close(pool.materialize(layer, [3]), pool.materialize(layer, [1]), rtol=1e-6, atol=1e-6)
+        # a row without the mask is never copied, nor is a padding destination
+        assert int(pool.replay.cursor[5]) == 0 and not pool.replay.ckpt[:, 5].any()
+
+
+def test_mamba2_track_function_is_hooked_and_deferred():
+    """Mamba2AttnBackend.forward calls the module function itself for its decode rows."""
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hyb
+
+    torch.manual_seed(4)
+    with replayssm(window=4), sglang_context():
+        req_pool = make_req_pool("mamba2", size=4)
+        pool = req_pool.mamba_pool
+        pool.replay.ckpt[:, 2] = torch.randn_like(pool.replay.ckpt[:, 2])
+        pool.replay.rec_d[:, 2, 0] = torch.randn_like(pool.replay.rec_d[:, 2, 0])
+        pool.replay.cursor[2] = 1
+        idx = torch.tensor([2], dtype=torch.int32)
+        cache = req_pool.mamba2_layer_cache(0)
+        hyb.track_mamba_states_if_needed(cache.conv[0], cache.temporal, idx, torch.tensor([True]),
+                                         torch.tensor([3]), 1)
+        assert int(pool.replay.cursor[3]) == 0   # deferred to settle()
+        pool.settle()
+        assert int(pool.replay.cursor[3]) == 1
+        torch.testing.assert_close(pool.materialize(0, [3]), pool.materialize(0, [2]), rtol=0, atol=0)
+
+
+def test_prefill_track_empties_the_track_slots_stale_ring():
+    """SGLang's extend track writes the tracked chunk state into the track slot's checkpoint; a ring left
+    there by an earlier decode track must not be added on top."""
+    torch.manual_seed(5)
+    with replayssm(window=4), sglang_context() as sa:
+        req_pool = make_req_pool("gdn", size=4)
+        pool = req_pool.mamba_pool
+        be = _delta_backend("gdn", sa, req_pool)
+        pool.replay.rec_d[:, 3, :2] = torch.randn_like(pool.replay.rec_d[:, 3, :2])
+        pool.replay.cursor[3] = 2   # stale: slot 3 held an earlier decode track
+        h = torch.randn(1, 2, *pool.replay.ckpt.shape[2:])
+        md = SimpleNamespace(has_mamba_track_mask=True, track_ssm_h_src=torch.tensor([1]),
+                             track_ssm_h_dst=torch.tensor([3]), track_ssm_recompute_dst=None,
+                             track_ssm_final_src=torch.tensor([], dtype=torch.long),
+                             track_ssm_final_dst=torch.tensor([], dtype=torch.long))
+        cache = req_pool.mamba2_layer_cache(2)
+        be._track_mamba_state_extend(None, h, cache.temporal, md)
+        assert int(pool.replay.cursor[3]) == 0
+        torch.testing.assert_close(pool.materialize(1, [3])[0], h[0, 1], rtol=0, atol=0)
