@@ -32,6 +32,8 @@ GPU_DEFAULTS: dict[str, str | None] = {
     # the plugin's radix-cache strategy; SGLang refuses no_buffer with the overlap scheduler
     "--mamba-radix-cache-strategy": "no_buffer",
     "--disable-overlap-schedule": None,
+    # the model runner's warm-up imports flashinfer for its autotuner (not shipped), graphs off or on
+    "--disable-flashinfer-autotune": None,
 }
 
 
