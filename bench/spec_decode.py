@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--device", default="cpu")
     p.add_argument("--kernels", choices=("auto", "triton", "reference"), default="auto")
-    p.add_argument("--quick", action="store_true", help="one model, 3 prompts, 48 tokens, k = 0 4")
+    p.add_argument("--quick", action="store_true", help="one model, 2 prompts, 32 tokens, k = 0 4")
     p.add_argument("--results-dir", default=str(ROOT / "bench" / "results"), help="where the H200 e2e JSONs are")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/spec_decode[_quick].json)")
     p.add_argument("--plot", default=None, metavar="JSON", help="only redraw the PNG of a results JSON")
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         p.error("--drafts: counts must be >= 0")
     if args.quick:
         args.models, args.drafts, args.prompts, args.prompt_tokens, args.max_tokens = \
-            args.models[:1], [0, 4], 3, 128, 48
+            args.models[:1], [0, 4], 2, 96, 32
     drafts = sorted(set(args.drafts) | {0})
     out = Path(args.out or ROOT / "bench" / "results" / f"spec_decode{'_quick' if args.quick else ''}.json")
     pairs = heldout_texts(args.prompts, args.prompt_tokens, args.max_tokens)
