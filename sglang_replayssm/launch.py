@@ -79,6 +79,12 @@ def native_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM: seconds running requests get to finish (new ones get a 503) before the "
                         "rest are ended with a 503 and the server exits 0 (default 30)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name of the API (/v1/models; a request naming another model gets a 404); "
+                        "default: the model folder's name, or replayssm-embedded-<family>")
+    p.add_argument("--stats-log-interval", type=float, default=10.0,
+                   help="seconds between stats lines (running, waiting, tokens/s) while the engine works; 0: off "
+                        "(default 10)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     add_replayssm_args(p)
     return p
@@ -181,6 +187,10 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     cache = slots // 4 if ns.prefix_cache_entries is None else ns.prefix_cache_entries
     if cache < 0:
         parser.error(f"--prefix-cache-entries: must be >= 0, got {cache}")
+    if ns.served_model_name is not None and not ns.served_model_name.strip():
+        parser.error("--served-model-name: must not be empty")
+    if not (ns.stats_log_interval >= 0 and ns.stats_log_interval < float("inf")):
+        parser.error(f"--stats-log-interval: must be a number of seconds >= 0, got {ns.stats_log_interval}")
     if ns.speculative_num_draft_tokens > 64:
         parser.error("--speculative-num-draft-tokens: at most 64")
     if ns.speculative_disable_by_batch_size and not ns.speculative_num_draft_tokens:
@@ -193,7 +203,7 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
                       max_model_len=ns.context_length, chunk_size=ns.chunked_prefill_size,
                       speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
                       speculative_disable_by_batch_size=ns.speculative_disable_by_batch_size, replayssm=opts, seed=ns.seed,
-                      prefix_cache_entries=cache, tokenizer=ns.tokenizer)
+                      prefix_cache_entries=cache, tokenizer=ns.tokenizer, served_model_name=ns.served_model_name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     from .native.server import serve
 
     serve(args, host=ns.host, port=ns.port, log_level=ns.log_level, api_key=ns.api_key, sock=sock,
-          max_request_bytes=ns.max_request_bytes, drain_timeout=ns.drain_timeout)
+          max_request_bytes=ns.max_request_bytes, drain_timeout=ns.drain_timeout, stats_interval=ns.stats_log_interval)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import sys
 import time
 import traceback
@@ -26,18 +25,15 @@ from .. import metric_names
 from ..flags import ReplaySSMOptions
 from ..pool import ReplayStatePool, SSMGeometry
 from ..scheduler.prefix_tree import BLOCK_CHARS, MAX_REPORTED_BLOCKS, block_hashes   # pure Python, no ray
-from . import drafter, traffic
+from . import drafter, sampling, traffic
 from .config import embedded_config
 from .model import HybridModel, KVCache, random_weights
 from .prefix_cache import PrefixCache
+from .sampling import RequestError, SamplingParams  # noqa: F401 - re-exported: the engine API
 from .ssm_ops import SSMOps
 from .tokenizer import ByteTokenizer, load_tokenizer
 
 EMBEDDED_PREFIX = "embedded"
-# temperatures below this sample greedily: logits / t overflows float32 for t ~ 1e-38 (NaN probabilities),
-# and the distribution is one-hot long before that (SGLang and vLLM use the same kind of cut-off)
-MIN_TEMPERATURE = 1e-5
-SEED_RANGE = (-(1 << 63), (1 << 64) - 1)   # int64 and uint64 seeds; a negative seed is taken mod 2^64
 
 
 @dataclasses.dataclass
@@ -55,23 +51,16 @@ class EngineArgs:
     prefix_cache_entries: int = 0        # prompt-prefix states kept in spare slots (0: off)
     kernels: str = "auto"                # auto (Triton on CUDA) | triton | reference
     tokenizer: str = "auto"              # auto: the folder's HF tokenizer if it has one | byte (tokenizer.py)
+    served_model_name: str | None = None # the name clients use (`model`); default from the model path
 
     @property
     def served_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
         if not self.model_path or self.model_path.startswith(EMBEDDED_PREFIX):
             family = self.model_path.split(":", 1)[1] if self.model_path and ":" in self.model_path else "mamba2"
             return f"replayssm-embedded-{family}"
         return self.model_path.rstrip("/").split("/")[-1]
-
-
-@dataclasses.dataclass
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple = ()
-    seed: int | None = None
-    ignore_eos: bool = False
 
 
 @dataclasses.dataclass
@@ -86,6 +75,10 @@ class Request:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     resumed: int = 0                     # output tokens that came with the request (a resume), prefilled
+    index: int = 0                       # which of the request's n samples (choices) this is
+    group: list = dataclasses.field(default_factory=list)   # all n samples of the request (this one included)
+    awaiting_fork: bool = False          # a sample k > 0 before sample 0's prefill is forked into its slot
+    stop_from: int = 0                   # text length when min_tokens was reached (stop strings end after it)
 
     @property
     def tokens(self) -> list:
@@ -100,26 +93,10 @@ class Request:
     def in_decode(self) -> bool:
         return self.prefilled == self.prefill_len and bool(self.output) and self.finish_reason is None
 
-
-class RequestError(ValueError):
-    """A request the engine refuses (reported to the client as HTTP 400)."""
-
-
-def check_params(params: SamplingParams) -> SamplingParams:
-    """The sampling parameters the engine can run, or RequestError naming the field. A temperature
-    below MIN_TEMPERATURE becomes 0 (greedy)."""
-    t, top_p, seed = params.temperature, params.top_p, params.seed
-    if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
-        raise RequestError(f"temperature: must be a finite number >= 0, got {t!r}")
-    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise RequestError(f"top_p: must be in (0, 1], got {top_p!r}")
-    if seed is not None and not (isinstance(seed, int) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise RequestError(f"seed: must be an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
-    if params.max_tokens < 1:
-        raise RequestError("max_tokens: must be >= 1")
-    if 0 < t < MIN_TEMPERATURE:
-        params = dataclasses.replace(params, temperature=0.0)
-    return params
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits: the batched argmax is its token."""
+        return self.params.temperature == 0 and not self.params.processed
 
 
 def build_model(args: EngineArgs):
@@ -188,7 +165,11 @@ class Engine:
         characters of their text already delivered) of an answer cut elsewhere: they are prefilled
         after the prompt and the request goes on as if it had produced them (max_tokens, stop strings
         and the text emitted next count them), so the continuation is exactly the uncut answer's."""
-        params = check_params(params)
+        params = sampling.check_params(params, self.cfg.vocab_size)
+        if params.n > self.pool.num_slots:
+            raise RequestError(f"n: at most {self.pool.num_slots} (the engine's slots), got {params.n}")
+        if params.n > 1 and resume is not None:
+            raise RequestError("n: a resumed request has one sample")
         field = "messages" if isinstance(prompt, dict) else "prompt"
         try:
             if isinstance(prompt, dict):
@@ -206,12 +187,10 @@ class Engine:
             raise RequestError(f"prompt: token ids {bad[:5]} outside the vocabulary (size {self.cfg.vocab_size})")
         if len(ids) >= self.args.max_model_len:
             raise RequestError(f"prompt: {len(ids)} tokens, the context length is {self.args.max_model_len}")
-        req = Request(rid or f"r{next(self._ids)}", ids, params)
+        req = Request(rid or f"r{next(self._ids)}", ids, params, generator=sampling.generator_for(params))
+        req.group = [req]
         if resume is not None:
             self._resume(req, *resume)
-        if params.temperature > 0:
-            req.generator = torch.Generator().manual_seed(
-                params.seed % (1 << 64) if params.seed is not None else torch.seed() % (2 ** 63))
         self.waiting.append(req)
         return req
 
@@ -244,10 +223,11 @@ class Engine:
     def step(self) -> list[dict]:
         events: list[dict] = []
         while self.waiting:
-            if self.pool.num_free == 0:
-                if not len(self.cache):
-                    break                       # the pool is full: requests wait
+            n = self.waiting[0].params.n            # a request's n samples are admitted together
+            while self.pool.num_free < n and len(self.cache):
                 self.pool.free([self.cache.evict()])
+            if self.pool.num_free < n:
+                break                               # the pool is full: requests wait
             req = self.waiting.popleft()
             self.running.append(req)
             try:
@@ -256,10 +236,16 @@ class Engine:
                 if hit is not None:                 # start from the cached prefix state
                     self._fork(hit[0], req.slot)
                     req.prefilled = hit[1]
+                for i, slot in enumerate(self.pool.alloc(n - 1) if n > 1 else [], 1):
+                    kid = Request(req.rid, req.prompt, req.params, slot=slot, index=i, group=req.group,
+                                  awaiting_fork=True, generator=sampling.generator_for(req.params, i))
+                    req.group.append(kid)           # gets sample 0's state once that is prefilled
+                    self.running.append(kid)
             except Exception as e:   # noqa: BLE001 - this request fails, the others go on
                 self._fail(req, e, events)
         decoding = [r for r in self.running if r.in_decode]
-        for req in [r for r in self.running if r.prefilled < r.prefill_len and r.finish_reason is None]:
+        for req in [r for r in self.running
+                    if r.prefilled < r.prefill_len and r.finish_reason is None and not r.awaiting_fork]:
             try:
                 self._prefill_chunk(req, events)
             except Exception as e:   # noqa: BLE001
@@ -289,13 +275,16 @@ class Engine:
         """Fail one request: an error event for its client (status 500), the traceback in the log."""
         print(f"replayssm engine: request {req.rid} failed:", file=sys.stderr)
         traceback.print_exception(exc, file=sys.stderr)
-        req.finish_reason = "error"
+        for r in req.group or [req]:   # its other samples end with it (one error answers the request)
+            r.finish_reason = "error"
         events.append({"rid": req.rid, "error": f"engine error: {type(exc).__name__}: {str(exc)[:200]}",
                        "status": 500})
 
-    def _fork(self, src: int, dst: int) -> None:
+    def _fork(self, src: int, dst) -> None:
+        """Copy slot src's state (SSM pool and KV cache) into dst, one slot or a list of them."""
         self.pool.fork(src, dst)
-        self.kv.copy(src, dst)
+        for d in [dst] if isinstance(dst, int) else dst:
+            self.kv.copy(src, d)
 
     def _prefix_blocks(self, key: list) -> list:
         """The router's name for a cached prefix: chained hashes of its text's blocks (never the text)."""
@@ -328,7 +317,12 @@ class Engine:
             key = req.prompt[:boundary]
             self.cache.insert(key, dst, self._prefix_blocks(key))
         if req.prefilled == req.prefill_len:
-            self._emit(req, [self._sample(req, logits[0])], events)
+            if len(req.group) > 1:             # parallel samples share this prefill: fork its state
+                self._fork(req.slot, [kid.slot for kid in req.group[1:]])
+            for kid in req.group[1:]:
+                kid.prefilled, kid.awaiting_fork = len(kid.prompt), False
+            for r in req.group:
+                self._emit(r, [self._sample(r, logits[0])], events, logits[:1])
 
     def _drafts(self, rows: list[Request]) -> list[list[int]]:
         off = self.args.speculative_disable_by_batch_size
@@ -339,7 +333,7 @@ class Engine:
         out = []
         for r in rows:
             left = r.params.max_tokens - len(r.output)
-            out.append(drafter.propose(r.tokens, min(k, left - 1)) if r.params.temperature == 0 and k > 0 else [])
+            out.append(drafter.propose(r.tokens, min(k, left - 1)) if k > 0 else [])
         return out
 
     def _batch(self, rows: list[Request]):
@@ -360,12 +354,13 @@ class Engine:
         max_len = max(len(r.tokens) for r in rows)
         logits = self.model.forward(tokens, pos, slots, "decode", self, max_len)[:, 0]
         self.pool.advance(slots.long())
-        self._account_decode(cursors)
+        traffic.account_decode(self.sizes, self.counters, self.conventional, self.pool.cfg.window, cursors)
+        self._ring_gauge()
         greedy = logits.argmax(-1).tolist()
         for i, r in enumerate(rows):
             try:
-                tok = greedy[i] if r.params.temperature == 0 else self._sample(r, logits[i])
-                self._emit(r, [tok], events)
+                tok = greedy[i] if r.plain_greedy else self._sample(r, logits[i])
+                self._emit(r, [tok], events, logits[i:i + 1])
             except Exception as e:   # noqa: BLE001 - e.g. a numerical failure in this row's sampling
                 self._fail(r, e, events)
         self.counters["decode_steps"] += 1
@@ -384,9 +379,11 @@ class Engine:
         targets = logits.argmax(-1).tolist()
         accepted, new_tokens = [], []
         for i, (r, d) in enumerate(zip(rows, drafts)):
-            if r.params.temperature > 0:
+            if not r.plain_greedy:   # speculative sampling from the processed distribution (sampling.py)
                 try:
-                    n, toks = 0, [self._sample(r, logits[i, 0])]
+                    toks = sampling.speculate(r.params, logits[i], r.prompt, r.output, d, self.tokenizer.eos_ids,
+                                              r.generator)
+                    n = len(toks) - 1
                 except Exception as e:   # noqa: BLE001 - this row fails; its commit is harmless
                     self._fail(r, e, events)
                     n, toks = 0, []
@@ -401,44 +398,20 @@ class Engine:
             self.counters["accepted_draft_tokens"] += n
             self.counters["rollbacks"] += T - (n + 1)   # rejected draft records (metric_names)
         self.ops.commit(slot_list, accepted)
-        self._account_verify(cursors, accepted, T)
-        for r, toks in zip(rows, new_tokens):
+        mode = "replay" if not (self.conventional or self.ops.snapshot_verify) else "snapshot"
+        traffic.account_verify(self.sizes, self.counters, mode, self.pool.cfg.window, cursors, accepted, T)
+        self._ring_gauge()
+        for i, (r, toks) in enumerate(zip(rows, new_tokens)):
             if r.finish_reason == "error":
                 continue
             try:
-                self._emit(r, toks, events)
+                self._emit(r, toks, events, logits[i])
             except Exception as e:   # noqa: BLE001
                 self._fail(r, e, events)
         self.counters["verify_steps"] += 1
         self.last_batch = len(rows)
 
     # ------------------------------------------------------------------ accounting
-    def _account_decode(self, cursors: list[int]) -> None:
-        s, c = self.sizes, self.counters
-        for cur in cursors:
-            flush = not self.conventional and cur + 1 >= self.pool.cfg.window
-            rd, wr = traffic.decode_bytes(s, self.conventional, cur, flush)
-            c["flushes" if flush else "nonflush_steps"] += 1
-            c["state_bytes_read"] += rd
-            c["state_bytes_written"] += wr
-            c["conventional_state_bytes"] += traffic.conventional_bytes(s, 1)
-        self._ring_gauge()
-
-    def _account_verify(self, cursors: list[int], accepted: list[int], T: int) -> None:
-        s, c = self.sizes, self.counters
-        mode = "replay" if not (self.conventional or self.ops.snapshot_verify) else "snapshot"
-        for cur, a in zip(cursors, accepted):
-            new = cur + a
-            folds = mode == "replay" and new >= self.pool.cfg.window
-            r1, w1 = traffic.verify_bytes(s, mode, cur, T)
-            r2, w2 = traffic.commit_bytes(s, mode, new, folds)
-            c["state_bytes_read"] += r1 + r2
-            c["state_bytes_written"] += w1 + w2
-            c["conventional_state_bytes"] += traffic.conventional_bytes(s, T)
-            c["accepted_records"] += a
-            c["flushes" if (folds or mode == "snapshot") else "nonflush_steps"] += 1
-        self._ring_gauge()
-
     def _ring_gauge(self) -> None:
         live = [r.slot for r in self.running if r.slot is not None]
         if self.conventional or not live:
@@ -449,24 +422,24 @@ class Engine:
 
     # ------------------------------------------------------------------ sampling and output
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
-        p = req.params
-        if p.temperature == 0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits.float().cpu() / p.temperature, dim=-1)
-        if p.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < p.top_p      # smallest set reaching top_p
-            keep[0] = True                                       # never empty (a tiny top_p is top-1)
-            sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
-        return int(torch.multinomial(probs / probs.sum(), 1, generator=req.generator))
+        return sampling.sample(req.params, logits, req.prompt, req.output, self.tokenizer.eos_ids, req.generator)
 
-    def _emit(self, req: Request, toks: list[int], events: list) -> None:
+    def _token_text(self, t: int) -> dict:
+        """What a logprobs entry shows of token t: its text and its bytes."""
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return {"token": self.tokenizer.decode([t]), "bytes": [t] if t < 256 else []}
+        text = self.tokenizer.decode([t])
+        return {"token": text, "bytes": list(text.encode("utf-8"))}
+
+    def _emit(self, req: Request, toks: list[int], events: list, logits: torch.Tensor | None = None) -> None:
+        """Append sampled tokens (logits[j]: the position toks[j] came from, for logprobs), apply the
+        stop rules (EOS, stop_token_ids, stop strings, max_tokens; none before min_tokens) and queue
+        the output event with the text that is final so far."""
         p, new = req.params, []
         for t in toks:
             if req.finish_reason is not None:
                 break
-            if t in self.tokenizer.eos_ids and not p.ignore_eos:
+            if (t in self.tokenizer.eos_ids and not p.ignore_eos) or t in p.stop_token_ids:
                 req.finish_reason = "stop"
                 break
             req.output.append(t)
@@ -475,9 +448,11 @@ class Engine:
                 req.finish_reason = "length"
         self.counters["generation_tokens"] += len(new)
         text = self.tokenizer.decode(req.output)
-        if p.stop:
+        if len(req.output) < p.min_tokens:
+            req.stop_from = len(text)
+        elif p.stop:
             start = max(0, req.sent - max(len(s) for s in p.stop))
-            hits = [i for i in (text.find(s, start) for s in p.stop) if i >= 0]
+            hits = [i for i in (text.find(s, max(start, req.stop_from - len(s) + 1)) for s in p.stop) if i >= 0]
             if hits:
                 text = text[:min(hits)]
                 req.finish_reason = "stop"
@@ -490,9 +465,13 @@ class Engine:
             upto = len(text)
         delta = text[req.sent:max(upto, req.sent)]
         req.sent = max(upto, req.sent)
-        events.append({"rid": req.rid, "text": delta, "token_ids": new, "finished": req.finish_reason is not None,
-                       "finish_reason": req.finish_reason, "prompt_tokens": len(req.prompt),
-                       "completion_tokens": len(req.output)})
+        ev = {"rid": req.rid, "index": req.index, "text": delta, "token_ids": new,
+              "finished": req.finish_reason is not None, "finish_reason": req.finish_reason,
+              "done": all(r.finish_reason is not None for r in req.group),   # every sample of the request
+              "prompt_tokens": len(req.prompt), "completion_tokens": len(req.output)}
+        if p.logprobs is not None:
+            ev["logprobs"] = sampling.token_logprobs(logits, new, p.logprobs, self._token_text) if new else []
+        events.append(ev)
 
     # ------------------------------------------------------------------ introspection
     def throughput(self, window_s: float = 10.0) -> float:
@@ -524,7 +503,25 @@ class Engine:
                 "max_model_len": self.args.max_model_len, "slots": self.pool.num_slots,
                 "speculative_num_draft_tokens": self.k,
                 "speculative_disable_by_batch_size": self.args.speculative_disable_by_batch_size,
-                "tokenizer": self.tokenizer.name}
+                "speculative_decoding": "off" if not self.k else (
+                    "on at every temperature: greedy rows accept drafts equal to the argmax, sampled rows by "
+                    "speculative sampling (a draft x accepted with probability p(x), else a sample of p without "
+                    "x), so outputs are distributed exactly as without drafts"),
+                "read_copy": self.pool.cfg.read_copy, "ckpt_precision": self.pool.cfg.ckpt,
+                "state_bytes_per_sequence": self.pool.bytes_per_slot(),
+                "snapshot_state_bytes_per_sequence": ReplayStatePool.capacity(
+                    self.pool.geo, self.pool.num_layers, self.pool.cfg, 1, act_dtype=self.model.dtype)[
+                        "snapshot_bytes_per_slot"],
+                "kv_cache_bytes": self.kv.bytes(), "prefix_cache_entries": self.cache.max_entries,
+                "tokenizer": self.tokenizer.name, "served_model_name": self.args.served_name}
+
+    def flush_cache(self) -> bool:
+        """Drop every prefix-cache entry; refused (False) while requests run or wait, as SGLang does."""
+        if self.running or self.waiting:
+            return False
+        while len(self.cache):
+            self.pool.free([self.cache.evict()])
+        return True
 
     def generate(self, prompts, params: SamplingParams) -> list[list[int]]:
         """Run prompts to completion (tests, benchmarks); returns the output token ids of each."""

@@ -201,8 +201,9 @@ class EngineClient:
             await self._send({"type": "add", "rid": rid, "prompt": prompt, "params": params, "resume": resume})
             while True:
                 ev = await q.get()
-                # the engine is done with it (an error it sent, or the end); not a 503 put here by drain()
-                done = ev.get("finished", False) or ("error" in ev and not ev.get("abort"))
+                # the engine is done with it (an error it sent, or the end of all n samples); not a 503
+                # put here by drain()
+                done = ev.get("done", ev.get("finished", False)) or ("error" in ev and not ev.get("abort"))
                 yield ev
                 if done or "error" in ev:
                     return
@@ -233,6 +234,20 @@ class EngineClient:
             deadline = time.monotonic() + DRAIN_ANSWER_S
             while self.queues and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+
+    async def control(self, kind: str, timeout: float = 30.0) -> dict:
+        """Send the engine a control message ({"type": kind}, e.g. flush_cache) and await its answer."""
+        rid = uuid.uuid4().hex
+        q: asyncio.Queue = asyncio.Queue()
+        self.queues[rid] = q
+        try:
+            await self._send({"type": kind, "rid": rid})
+            try:
+                return await asyncio.wait_for(q.get(), timeout)
+            except asyncio.TimeoutError:
+                raise BadRequest(f"the engine did not answer {kind} in {timeout:.0f} s", status=503) from None
+        finally:
+            self.queues.pop(rid, None)
 
     async def close(self) -> None:
         self.closing = True

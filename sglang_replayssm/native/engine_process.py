@@ -1,12 +1,14 @@
 """The engine loop in its own process, connected to the HTTP front end by pyzmq.
 
 Front end -> engine (PUSH/PULL):  {"type": "add", "rid", "prompt", "params", "resume"} | {"type": "abort", "rid"}
-                                  | {"type": "shutdown"}
+                                  | {"type": "flush_cache", "rid"} | {"type": "shutdown"}
 Engine -> front end (PUSH/PULL):  {"type": "ready", "info", "stats"} | {"type": "fatal", "error"}
                                   | {"type": "out", "events": [...], "stats": {...}}
 An event is the engine's output event (engine.Engine._emit), or {"rid", "error", "status"} for a
-request the engine refused (400) or failed (500). Stats go out with every step, right after an
-abort (so a freed slot shows at once), and at least twice a second when idle.
+request the engine refused (400) or failed (500), or {"rid", "flushed": bool, "done": True} answering a
+flush_cache. Stats go out with every step, right after an abort (so a freed slot shows at once), and
+at least twice a second when idle. Before "ready" the engine is warmed up (warmup.py), so the first
+requests do not pay for first-call costs.
 
 Nothing one request does ends the loop: an unexpected exception while adding a request fails that
 request; `Engine.step` fails only the rows an error touched, and an exception that still escapes a
@@ -22,6 +24,7 @@ import traceback
 import zmq
 
 from .engine import Engine, EngineArgs, RequestError, SamplingParams
+from .warmup import warm_up
 
 IDLE_POLL_MS = 200
 STATS_PERIOD_S = 0.5
@@ -44,7 +47,9 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
         push.send_pyobj({"type": "fatal", "error": f"{type(e).__name__}: {e}"})
         push.close(linger=2000)
         return
-    push.send_pyobj({"type": "ready", "info": engine.info(), "stats": engine.stats()})
+    info = engine.info()
+    info["warmup_s"] = warm_up(engine)
+    push.send_pyobj({"type": "ready", "info": info, "stats": engine.stats()})
     parent = os.getppid()
     last_stats = 0.0
     while True:
@@ -65,6 +70,8 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
                 if msg["type"] == "abort":
                     engine.abort(msg["rid"])
                     aborted = True
+                elif msg["type"] == "flush_cache":
+                    events.append({"rid": msg["rid"], "flushed": engine.flush_cache(), "done": True})
                 elif msg["type"] == "add":
                     try:
                         engine.add_request(msg["prompt"], SamplingParams(**msg["params"]), rid=msg["rid"],

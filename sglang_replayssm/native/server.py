@@ -1,8 +1,13 @@
 """OpenAI-compatible HTTP front end of the native engine (FastAPI + uvicorn).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (both with `stream`: SSE ending in
-`data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/replayssm/load
-(load report for the Ray router: counts and hashes, never prompt text). With `--api-key` every route
+`data: [DONE]`; n choices, logprobs, every sampling parameter of openai_request.py), GET /v1/models,
+GET /health, GET /metrics (Prometheus), GET /v1/replayssm/load (load report for the Ray router: counts
+and hashes, never prompt text), GET /v1/replayssm/info (the engine's configuration), and SGLang's
+/generate, /get_model_info, /get_server_info, /flush_cache, /health_generate, /v1/tokenize and
+/v1/detokenize (sglang_api.py). A request naming another model than the served one is a 404.
+At start the banner, a capacity line and then a stats line every --stats-log-interval seconds
+(stats_log.py). With `--api-key` every route
 but /health and /metrics needs `Authorization: Bearer <key>` (a 401 otherwise; auth.py). The engine runs in its own process (`engine_process.run_engine`)
 reached through pyzmq; `EngineClient` routes its output events to the waiting requests.
 
@@ -42,7 +47,11 @@ from .auth import ApiKeyMiddleware
 from .engine import EngineArgs
 from .engine_client import DRAINING, EngineClient
 from .metrics import ServerMetrics
-from .openai_request import BadRequest, error_response, parse_messages, parse_prompt, parse_sampling, parse_stream
+from .openai_request import (BadRequest, check_model, engine_error, error_response, parse_messages, parse_prompt,
+                             parse_sampling, parse_stream)
+from .openai_response import Choices
+from .sglang_api import add_sglang_routes
+from .stats_log import capacity_line, log_stats
 
 MAX_REQUEST_BYTES = 8 << 20   # --max-request-bytes default: 8 MiB (a prompt of millions of characters)
 DRAIN_TIMEOUT_S = 30.0        # --drain-timeout default
@@ -93,7 +102,7 @@ async def _disconnected(request: Request) -> None:
 
 # --------------------------------------------------------------------------- the app
 def create_app(client: EngineClient, banner: str | None = None, api_key: str | None = None,
-               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+               max_request_bytes: int = MAX_REQUEST_BYTES, stats_interval: float = 0.0) -> FastAPI:
     model_name = client.args.served_name
     metrics = ServerMetrics(lambda: client.stats, model_name)
 
@@ -107,7 +116,11 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
             raise
         if banner:
             print(banner.format(**info), flush=True)
+            print(capacity_line(info), flush=True)
+        logger = asyncio.create_task(log_stats(lambda: client.stats, stats_interval)) if stats_interval > 0 else None
         yield
+        if logger is not None:
+            logger.cancel()
         await client.close()
 
     app = FastAPI(title="sglang-replayssm native engine", lifespan=lifespan)
@@ -167,14 +180,14 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
         return client.info
 
     async def run(prompt, params, stream: bool, chat: bool, include_usage: bool, request: Request,
-                  token_ids: bool = False, resume=None):
+                  token_ids: bool = False, resume=None, continuous_usage: bool = False):
         t0 = time.monotonic()
         events = client.generate(prompt, params, resume)
         first = await events.__anext__()   # errors before any output become HTTP errors
         if "error" in first:
-            raise BadRequest(first["error"], status=first["status"])
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
+            raise engine_error(first)
+        choices = Choices(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), model_name,
+                          chat, params["n"], params["logprobs"] is not None, token_ids)
         timing = {"last": None}
 
         def observe(ev):
@@ -187,30 +200,23 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
                     for _ in ev["token_ids"]:
                         metrics.itl.observe(per)
                 timing["last"] = now
-            if ev.get("finished"):
+            if ev.get("done"):
                 metrics.e2e.observe(now - t0)
-
-        def usage(ev):
-            return {"prompt_tokens": ev["prompt_tokens"], "completion_tokens": ev["completion_tokens"],
-                    "total_tokens": ev["prompt_tokens"] + ev["completion_tokens"]}
 
         if not stream:
             async def collect():
-                text, ids, ev = [], [], first
-                observe(ev)
-                text.append(ev["text"])
-                ids += ev["token_ids"]
+                ev = first
                 try:
-                    while not ev["finished"]:
+                    while True:
+                        observe(ev)
+                        choices.add(ev)
+                        if ev.get("done", ev["finished"]):
+                            return
                         ev = await events.__anext__()
                         if "error" in ev:
-                            raise BadRequest(ev["error"], status=ev["status"])
-                        observe(ev)
-                        text.append(ev["text"])
-                        ids += ev["token_ids"]
+                            raise engine_error(ev)
                 finally:
                     await events.aclose()   # before the end (cancelled: the client left): aborts it in the engine
-                return "".join(text), ids, ev
 
             work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
             try:
@@ -222,45 +228,26 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
                 return Response(status_code=499)
-            body, ids, ev = work.result()
-            choice = ({"index": 0, "message": {"role": "assistant", "content": body}} if chat
-                      else {"index": 0, "text": body, "logprobs": None})
-            choice["finish_reason"] = ev["finish_reason"]
-            if token_ids:
-                choice["token_ids"] = ids
-            return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                    "model": model_name, "choices": [choice], "usage": usage(ev)}
-
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(delta_text, finish, ev=None, role=False):
-            if chat:
-                delta = {"role": "assistant", "content": ""} if role else ({"content": delta_text} if delta_text else {})
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": delta_text, "logprobs": None, "finish_reason": finish}
-            if token_ids and ev is not None:   # return_token_ids: the ids this chunk's text came from
-                choice["token_ids"] = ev["token_ids"]
-            data = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
-            return f"data: {json.dumps(data)}\n\n"
+            work.result()
+            return choices.response()
 
         async def sse():
             ev = first
             try:
-                if chat:
-                    yield chunk("", None, role=True)
+                for c in choices.role_chunks():
+                    yield c
                 while True:
                     if "error" in ev:
                         yield f"data: {json.dumps({'error': {'message': ev['error'], 'code': ev['status']}})}\n\n"
                         break
                     observe(ev)
-                    if ev["text"] or ev["finished"] or (token_ids and ev["token_ids"]):
-                        yield chunk(ev["text"], ev["finish_reason"] if ev["finished"] else None, ev)
-                    if ev["finished"]:
+                    choices.add(ev)
+                    c = choices.chunk(ev, continuous_usage)
+                    if c is not None:
+                        yield c
+                    if ev.get("done", ev["finished"]):
                         if include_usage:
-                            data = {"id": rid, "object": obj, "created": created, "model": model_name,
-                                    "choices": [], "usage": usage(ev)}
-                            yield f"data: {json.dumps(data)}\n\n"
+                            yield choices.usage_chunk()
                         break
                     ev = await events.__anext__()
                 yield "data: [DONE]\n\n"
@@ -272,14 +259,15 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
     async def answer(request: Request, chat: bool):
         """One completion or chat request: parse and check the body (4xx on bad input), then run it."""
         body = await read_json(request)
+        check_model(body, model_name)
         params = parse_sampling(body, chat=chat)
         prompt = parse_messages(body) if chat else parse_prompt(body)
-        stream, include_usage = parse_stream(body)
+        stream, include_usage, continuous_usage = parse_stream(body)
         if client.draining:   # before the tokenizer's work
             raise BadRequest(DRAINING, status=503)
         token_ids, resume = parse_token_ids(body), parse_resume(body)
         ids = await client.encode(prompt)   # in a worker thread: never in the engine loop
-        return await run(ids, params, stream, chat, include_usage, request, token_ids, resume)
+        return await run(ids, params, stream, chat, include_usage, request, token_ids, resume, continuous_usage)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -289,11 +277,13 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
     async def chat_completions(request: Request):
         return await answer(request, chat=True)
 
+    add_sglang_routes(app, client, model_name, read_json)
     return app
 
 
 BANNER = ("sglang-replayssm native engine: {model} ({arch}, {ssm_layers} SSM + {attention_layers} attention layers, "
-          "{mode} window {window}, {backend} kernels, {device}/{dtype}, {slots} slots) at {url}")
+          "{mode} window {window}, checkpoint {ckpt_precision}, read copy {read_copy}, {backend} kernels, "
+          "{device}/{dtype}, {slots} slots, speculative decoding {speculative_num_draft_tokens} drafts) at {url}")
 
 
 class DrainingServer(uvicorn.Server):
@@ -330,7 +320,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning",
           api_key: str | None = None, sock=None, max_request_bytes: int = MAX_REQUEST_BYTES,
-          drain_timeout: float = DRAIN_TIMEOUT_S) -> None:
+          drain_timeout: float = DRAIN_TIMEOUT_S, stats_interval: float = 10.0) -> None:
     """Serve until stopped (SIGTERM / SIGINT: drain, then exit 0). `sock`: a socket already bound to
     (host, port) (launch.py binds it before the engine is built, so a port in use is a flag error at
     once, not after the model has loaded)."""
@@ -339,7 +329,7 @@ def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_leve
     client = EngineClient(args)
     url = f"http://{host}:{port}"
     banner = BANNER.replace("{url}", url)
-    app = create_app(client, banner, api_key, max_request_bytes)
+    app = create_app(client, banner, api_key, max_request_bytes, stats_interval)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
     server = DrainingServer(config, client, drain_timeout)

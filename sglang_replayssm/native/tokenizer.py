@@ -44,8 +44,8 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.eos_ids = {self.EOS}
 
-    def encode(self, text: str) -> list[int]:
-        return [self.BOS] + list(text.encode("utf-8"))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [self.BOS] * add_special_tokens + list(text.encode("utf-8"))
 
     def count(self, text: str) -> int:
         """len(encode(text)), without building the ids."""
@@ -80,8 +80,8 @@ class HFTokenizer:
         self.vocab_size = len(self.tok)
         self.eos_ids = {self.tok.eos_token_id} if self.tok.eos_token_id is not None else set()
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)

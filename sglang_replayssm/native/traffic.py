@@ -8,6 +8,7 @@ Per SSM layer and sequence (sizes from the pool's own tensors):
                          window folds: reads checkpoint + n records, writes checkpoint (+ read copy)
   snapshot verify        reads the state, writes T snapshots; commit copies one snapshot back
 `conventional_bytes` is what a conventional engine moves for the same tokens (read + write per token).
+`account_decode` / `account_verify` add one step's rows to the engine's counters (metric_names).
 """
 
 from __future__ import annotations
@@ -63,3 +64,29 @@ def commit_bytes(s: StateSizes, mode: str, new_cursor: int, folds: bool) -> tupl
 
 def conventional_bytes(s: StateSizes, tokens: int) -> int:
     return 2 * s.layers * s.fp32_state * tokens
+
+
+def account_decode(s: StateSizes, c: dict, conventional: bool, window: int, cursors: list[int]) -> None:
+    """Add one decode step (rows whose rings held `cursors` records) to the counters `c`."""
+    for cur in cursors:
+        flush = not conventional and cur + 1 >= window
+        rd, wr = decode_bytes(s, conventional, cur, flush)
+        c["flushes" if flush else "nonflush_steps"] += 1
+        c["state_bytes_read"] += rd
+        c["state_bytes_written"] += wr
+        c["conventional_state_bytes"] += conventional_bytes(s, 1)
+
+
+def account_verify(s: StateSizes, c: dict, mode: str, window: int, cursors: list[int], accepted: list[int],
+                   T: int) -> None:
+    """Add one verify step of T tokens per row (and its commit of `accepted` records) to the counters."""
+    for cur, a in zip(cursors, accepted):
+        new = cur + a
+        folds = mode == "replay" and new >= window
+        r1, w1 = verify_bytes(s, mode, cur, T)
+        r2, w2 = commit_bytes(s, mode, new, folds)
+        c["state_bytes_read"] += r1 + r2
+        c["state_bytes_written"] += w1 + w2
+        c["conventional_state_bytes"] += conventional_bytes(s, T)
+        c["accepted_records"] += a
+        c["flushes" if (folds or mode == "snapshot") else "nonflush_steps"] += 1

@@ -1,9 +1,12 @@
 """Fixtures: tiny HuggingFace-format checkpoints written by `transformers` itself (real config.json and
 safetensors names), for the loader and end-to-end tests; one real native server (default flags)
-shared by the tests that only send it requests (request limits, soak)."""
+shared by the tests that only send it requests (request limits, soak), and the OpenAI-API server
+(live_server.SHARED_FLAGS: few slots, speculative decoding) that test_server.py and
+test_openai_params.py share; each started once for the package."""
 
 import pytest
 import torch
+
 
 TINY = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             intermediate_size=96)
@@ -40,5 +43,15 @@ def shared_server():
     from .live_server import LiveServer
 
     s = LiveServer()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="package")
+def openai_server():
+    """The OpenAI-API server of test_server.py and test_openai_params.py (live_server.SHARED_FLAGS)."""
+    from .live_server import SHARED_FLAGS, LiveServer
+
+    s = LiveServer(*SHARED_FLAGS)
     yield s
     s.stop()

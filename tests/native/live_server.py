@@ -14,6 +14,11 @@ import time
 
 import httpx
 
+# the shared OpenAI-API server of test_server.py and test_openai_params.py (conftest.py `openai_server`)
+SHARED_SLOTS, SHARED_K, SHARED_WINDOW = 2, 2, 4
+SHARED_FLAGS = ("--max-running-requests", str(SHARED_SLOTS), "--speculative-num-draft-tokens", str(SHARED_K),
+                "--replayssm-window", str(SHARED_WINDOW), "--prefix-cache-entries", "1", "--stats-log-interval", "0.5")
+MODEL = "replayssm-embedded-mamba2"   # the built-in model's served name
 VICTIM_PROMPT = "the victim stream: it must not notice the others "
 VICTIM_TOKENS = 600     # ~1 s alone on one CPU core: long enough to overlap every poison request
 

@@ -10,7 +10,7 @@ import pytest
 from sglang_replayssm import launch
 from sglang_replayssm.flags import FlagError, ReplaySSMOptions, add_replayssm_args, split_argv
 
-from .test_server import free_port
+from .live_server import free_port
 
 
 def parse(argv):

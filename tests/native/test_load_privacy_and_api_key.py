@@ -22,11 +22,12 @@ from .live_server import LiveServer
 
 KEY = "sk-test-" + uuid.uuid4().hex
 AUTH = {"Authorization": f"Bearer {KEY}"}
+SERVED = "keyed-model"
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = LiveServer("--api-key", KEY)
+    s = LiveServer("--api-key", KEY, "--served-model-name", SERVED)
     yield s
     s.stop()
 
@@ -69,7 +70,14 @@ def test_routes_need_the_api_key(server, headers):
                httpx.post(server.url + "/v1/chat/completions", json=chat, headers=headers),
                httpx.get(server.url + "/v1/models", headers=headers),
                httpx.get(server.url + "/v1/replayssm/load", headers=headers),
-               httpx.get(server.url + "/v1/replayssm/info", headers=headers)]
+               httpx.get(server.url + "/v1/replayssm/info", headers=headers),
+               httpx.post(server.url + "/generate", json={"text": "hi"}, headers=headers),
+               httpx.post(server.url + "/v1/tokenize", json={"prompt": "hi"}, headers=headers),
+               httpx.post(server.url + "/v1/detokenize", json={"tokens": [97]}, headers=headers),
+               httpx.post(server.url + "/flush_cache", headers=headers),
+               httpx.get(server.url + "/get_model_info", headers=headers),
+               httpx.get(server.url + "/get_server_info", headers=headers),
+               httpx.get(server.url + "/health_generate", headers=headers)]
     for r in answers:
         assert r.status_code == 401, (r.request.url, r.text)
         err = r.json()["error"]
@@ -84,6 +92,11 @@ def test_the_key_opens_them_and_health_metrics_stay_open(server):
                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}) as s:
         assert s.status_code == 200 and "data: [DONE]" in s.read().decode()
     assert httpx.get(server.url + "/v1/models", headers={"authorization": f"bearer {KEY}"}).status_code == 200
+    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                   headers=AUTH, timeout=60)
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2
+    assert httpx.post(server.url + "/v1/tokenize", json={"prompt": "hi"}, headers=AUTH).json()["count"] == 3
+    assert httpx.get(server.url + "/health_generate", headers=AUTH, timeout=30).status_code == 200
     assert httpx.get(server.url + "/health").text == "ok"
     metrics = httpx.get(server.url + "/metrics")
     assert metrics.status_code == 200 and "sglang:num_requests_total" in metrics.text
@@ -118,3 +131,14 @@ def test_unusable_api_key_is_a_flag_error(key, capsys):
     with pytest.raises(SystemExit) as e:
         launch.main(["--engine", "native", "--api-key", key])
     assert e.value.code == 2 and "--api-key: " in capsys.readouterr().err
+
+
+def test_served_model_name(server):
+    """--served-model-name: the name /v1/models lists and requests may use; any other is a 404."""
+    assert [m["id"] for m in httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"]] == [SERVED]
+    body = {"prompt": "hi", "max_tokens": 2}
+    assert httpx.post(server.url + "/v1/completions", json=dict(body, model=SERVED), headers=AUTH,
+                      timeout=60).status_code == 200
+    r = httpx.post(server.url + "/v1/completions", json=dict(body, model="replayssm-embedded-mamba2"), headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    assert httpx.get(server.url + "/get_model_info", headers=AUTH).json()["served_model_name"] == SERVED

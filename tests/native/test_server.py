@@ -3,10 +3,6 @@ answered by the real `openai` client; errors, concurrency beyond the pool, /metr
 
 import concurrent.futures as cf
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,13 +15,7 @@ from sglang_replayssm.native.engine import Engine, EngineArgs, SamplingParams
 openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-SLOTS, K, WINDOW = 2, 2, 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .live_server import MODEL, SHARED_K as K, SHARED_SLOTS as SLOTS, SHARED_WINDOW as WINDOW  # noqa: E402
 
 
 def wait_for(fn, timeout=20.0):
@@ -53,33 +43,9 @@ def post(url, body: bytes, timeout=30):
 
 
 @pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang_replayssm.launch", "--engine", "native", "--host", "127.0.0.1",
-           "--port", str(port), "--max-running-requests", str(SLOTS), "--speculative-num-draft-tokens", str(K),
-           "--replayssm-window", str(WINDOW), "--prefix-cache-entries", "1"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
-    while True:
-        try:
-            if get(url + "/health", timeout=2)[0] == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stdout.read()}")
-        if time.monotonic() - t0 > 120:
-            proc.kill()
-            raise RuntimeError("server did not become healthy in 120 s")
-        time.sleep(0.2)
-    yield url, proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def server(openai_server):
+    """(url, process) of the package's shared server (conftest.py: SLOTS slots, K drafts, window WINDOW)."""
+    return openai_server.url, openai_server.proc
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +71,7 @@ def test_banner_and_models(server, client):
 
 
 def test_completion_matches_engine(client, reference_engine):
-    r = client.completions.create(model="replayssm-embedded-mamba2", prompt="Hello, world", max_tokens=24,
+    r = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=24,
                                   temperature=0)
     assert r.choices[0].text == expected_text(reference_engine, "Hello, world", 24)
     assert r.choices[0].finish_reason == "length"
@@ -114,13 +80,13 @@ def test_completion_matches_engine(client, reference_engine):
 
 def test_chat_and_streaming(client, reference_engine):
     msgs = [{"role": "user", "content": "Say something"}]
-    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0)
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
     text = r.choices[0].message.content
     assert r.choices[0].message.role == "assistant" and len(text) == 16
-    chunks = list(client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0, stream=True))
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].choices[0].finish_reason == "length"
-    stream = client.completions.create(model="m", prompt="abcabcabc", max_tokens=20, temperature=0, stream=True)
+    stream = client.completions.create(model=MODEL, prompt="abcabcabc", max_tokens=20, temperature=0, stream=True)
     parts = list(stream)
     assert "".join(p.choices[0].text for p in parts) == expected_text(reference_engine, "abcabcabc", 20)
     assert parts[-1].choices[0].finish_reason == "length"
@@ -137,7 +103,7 @@ def test_stream_ends_with_done(server):
 def test_stop_string(client, reference_engine):
     full = expected_text(reference_engine, "The sky", 30)
     stop = full[12:15]
-    r = client.completions.create(model="m", prompt="The sky", max_tokens=30, temperature=0, stop=[stop])
+    r = client.completions.create(model=MODEL, prompt="The sky", max_tokens=30, temperature=0, stop=[stop])
     assert r.choices[0].text == full[:full.index(stop)] and r.choices[0].finish_reason == "stop"
 
 
@@ -147,7 +113,7 @@ def test_concurrent_requests_beyond_pool(server, client, reference_engine):
     seen_waiting = []
 
     def one(p):
-        return p, client.completions.create(model="m", prompt=p, max_tokens=12, temperature=0).choices[0].text
+        return p, client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0).choices[0].text
 
     with cf.ThreadPoolExecutor(len(prompts) + 1) as ex:
         futs = [ex.submit(one, p) for p in prompts]
@@ -167,7 +133,7 @@ def test_concurrent_requests_beyond_pool(server, client, reference_engine):
 
 
 def test_load_reports_cached_prefixes(server, client):
-    client.completions.create(model="m", prompt="a prompt long enough for the prefix cache", max_tokens=2)
+    client.completions.create(model=MODEL, prompt="a prompt long enough for the prefix cache", max_tokens=2)
     load = wait_for(lambda: (lambda d: d if d["cached_prefixes"] else None)(
         json.loads(get(server[0] + "/v1/replayssm/load")[1])))
     assert load and len(load["cached_prefixes"]) == 1
@@ -185,11 +151,11 @@ def test_chat_continue_final_message_resumes_exactly(client):
     """A chat answer cut after a few tokens and resent as a final assistant message with
     continue_final_message continues exactly where the greedy answer went (the Ray router's resume)."""
     msgs = [{"role": "user", "content": "tell me something"}]
-    full = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0).choices[0].message.content
-    head = client.chat.completions.create(model="m", messages=msgs, max_tokens=5, temperature=0).choices[0].message.content
+    full = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0).choices[0].message.content
+    head = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=0).choices[0].message.content
     assert full.startswith(head) and len(head) < len(full)
     rest = client.chat.completions.create(
-        model="m", messages=msgs + [{"role": "assistant", "content": head}], max_tokens=7, temperature=0,
+        model=MODEL, messages=msgs + [{"role": "assistant", "content": head}], max_tokens=7, temperature=0,
         extra_body={"continue_final_message": True}).choices[0].message.content
     assert head + rest == full
 
@@ -201,7 +167,8 @@ def test_chat_continue_final_message_resumes_exactly(client):
     (json.dumps({"prompt": "hi", "max_tokens": 0}).encode(), "max_tokens"),
     (json.dumps({"prompt": "hi", "max_tokens": "ten"}).encode(), "max_tokens"),
     (json.dumps({"prompt": "hi", "top_p": 0}).encode(), "top_p"),
-    (json.dumps({"prompt": "hi", "n": 3}).encode(), "n"),
+    (json.dumps({"prompt": "hi", "n": 0}).encode(), "n"),
+    (json.dumps({"prompt": "hi", "n": SLOTS + 1}).encode(), "n"),
     (json.dumps({"prompt": "hi", "stop": 5}).encode(), "stop"),
     (json.dumps({"max_tokens": 5}).encode(), "prompt"),
     (json.dumps({"prompt": "x" * 3000}).encode(), "context length"),
@@ -216,13 +183,13 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, client, body, fra
     status, text = post(server[0] + "/v1/chat/completions", json.dumps(
         {"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}).encode())
     assert status == 400 and "continue_final_message" in json.loads(text)["error"]["message"]
-    r = client.completions.create(model="m", prompt="still alive", max_tokens=3, temperature=0)
+    r = client.completions.create(model=MODEL, prompt="still alive", max_tokens=3, temperature=0)
     assert len(r.choices[0].text) == 3
 
 
 def test_openai_client_sees_400(client):
     with pytest.raises(openai.BadRequestError, match="temperature"):
-        client.completions.create(model="m", prompt="hi", temperature=5)
+        client.completions.create(model=MODEL, prompt="hi", temperature=5)
 
 
 def _metrics(url) -> dict:
@@ -245,7 +212,7 @@ def test_metrics_parse_and_move(server, client):
                  "sglang:inter_token_latency_seconds_count", "sglang:gen_throughput", "replayssm:pool_usage"):
         assert name in before, name
     every_char = "".join(chr(c) for c in range(32, 127))   # so prompt lookup always finds drafts
-    client.completions.create(model="m", prompt=every_char, max_tokens=20, temperature=0)
+    client.completions.create(model=MODEL, prompt=every_char, max_tokens=20, temperature=0)
     gen = "sglang:generation_tokens_total"
     after = wait_for(lambda: (lambda m: m if m[gen] >= before[gen] + 20 else None)(_metrics(server[0])))
     assert after, "engine stats did not arrive"
