@@ -26,14 +26,12 @@ from ..flags import ReplaySSMOptions
 from ..pool import ReplayStatePool, SSMGeometry
 from ..scheduler.prefix_tree import BLOCK_CHARS, MAX_REPORTED_BLOCKS, block_hashes   # pure Python, no ray
 from . import drafter, sampling, traffic
-from .config import embedded_config
-from .model import HybridModel, KVCache, random_weights
+from .loader import EMBEDDED_PREFIX, build_model  # noqa: F401 - EMBEDDED_PREFIX: the engine's API too
+from .model import KVCache
 from .prefix_cache import PrefixCache
 from .sampling import RequestError, SamplingParams  # noqa: F401 - re-exported: the engine API
 from .ssm_ops import SSMOps
-from .tokenizer import ByteTokenizer, load_tokenizer
 
-EMBEDDED_PREFIX = "embedded"
 
 
 @dataclasses.dataclass
@@ -97,27 +95,6 @@ class Request:
     def plain_greedy(self) -> bool:
         """Greedy with nothing that changes the logits: the batched argmax is its token."""
         return self.params.temperature == 0 and not self.params.processed
-
-
-def build_model(args: EngineArgs):
-    """(HybridConfig, HybridModel, tokenizer) for `args` (embedded model or a HF folder)."""
-    device = torch.device(args.device)
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    if not args.model_path or args.model_path.startswith(EMBEDDED_PREFIX):
-        family = args.model_path.split(":", 1)[1] if args.model_path and ":" in args.model_path else "mamba2"
-        cfg = embedded_config(family)
-        weights = random_weights(cfg, seed=args.seed)
-        # the random model only emits printable ASCII (never EOS), so its text is readable
-        bias = torch.full((cfg.vocab_size,), -1e4)
-        bias[32:127] = 0.0
-        weights["lm_head_bias"] = bias
-        tok = ByteTokenizer(cfg.vocab_size)
-    else:
-        from .loader import load_model
-        cfg, weights = load_model(args.model_path)
-        tok = load_tokenizer(args.model_path, cfg.vocab_size, cfg.eos_token_id, mode=args.tokenizer)
-    return cfg, HybridModel(cfg, weights, device=device, dtype=dtype), tok
 
 
 class Engine:
@@ -424,13 +401,6 @@ class Engine:
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
         return sampling.sample(req.params, logits, req.prompt, req.output, self.tokenizer.eos_ids, req.generator)
 
-    def _token_text(self, t: int) -> dict:
-        """What a logprobs entry shows of token t: its text and its bytes."""
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return {"token": self.tokenizer.decode([t]), "bytes": [t] if t < 256 else []}
-        text = self.tokenizer.decode([t])
-        return {"token": text, "bytes": list(text.encode("utf-8"))}
-
     def _emit(self, req: Request, toks: list[int], events: list, logits: torch.Tensor | None = None) -> None:
         """Append sampled tokens (logits[j]: the position toks[j] came from, for logprobs), apply the
         stop rules (EOS, stop_token_ids, stop strings, max_tokens; none before min_tokens) and queue
@@ -470,7 +440,7 @@ class Engine:
               "done": all(r.finish_reason is not None for r in req.group),   # every sample of the request
               "prompt_tokens": len(req.prompt), "completion_tokens": len(req.output)}
         if p.logprobs is not None:
-            ev["logprobs"] = sampling.token_logprobs(logits, new, p.logprobs, self._token_text) if new else []
+            ev["logprobs"] = sampling.token_logprobs(logits, new, p.logprobs, self.tokenizer.token_entry) if new else []
         events.append(ev)
 
     # ------------------------------------------------------------------ introspection

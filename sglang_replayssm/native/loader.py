@@ -11,6 +11,7 @@ Parameter names handled:
               .self_attn.{q,k}_norm, .mlp.{gate,up,down}_proj, model.norm, lm_head
               (Qwen3.5 multimodal checkpoints: prefix model.language_model.)
 Qwen's zero-centred RMSNorm weights (x * (1 + w)) are stored as 1 + w.
+`build_model` makes the engine's (config, model, tokenizer): the built-in model, or such a folder.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from pathlib import Path
 
 import torch
 
-from .config import HybridConfig, ModelConfigError
-from .model import param_shapes
+from .config import HybridConfig, ModelConfigError, embedded_config
+from .model import HybridModel, param_shapes, random_weights
+from .tokenizer import ByteTokenizer, load_tokenizer
+
+EMBEDDED_PREFIX = "embedded"   # --model-path of the built-in model: embedded[:mamba2|:gdn]
 
 
 class ModelLoadError(ValueError):
@@ -183,3 +187,23 @@ def _map_qwen(cfg: HybridConfig, tensors: dict, take) -> dict:
             for n in ("gate", "up", "down"):
                 w[b + n] = take(m + f"{n}_proj.weight")
     return w
+
+
+def build_model(args):
+    """(HybridConfig, HybridModel, tokenizer) for `args` (engine.EngineArgs: the built-in model or a HF folder)."""
+    device = torch.device(args.device)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if not args.model_path or args.model_path.startswith(EMBEDDED_PREFIX):
+        family = args.model_path.split(":", 1)[1] if args.model_path and ":" in args.model_path else "mamba2"
+        cfg = embedded_config(family)
+        weights = random_weights(cfg, seed=args.seed)
+        # the random model only emits printable ASCII (never EOS), so its text is readable
+        bias = torch.full((cfg.vocab_size,), -1e4)
+        bias[32:127] = 0.0
+        weights["lm_head_bias"] = bias
+        tok = ByteTokenizer(cfg.vocab_size)
+    else:
+        cfg, weights = load_model(args.model_path)
+        tok = load_tokenizer(args.model_path, cfg.vocab_size, cfg.eos_token_id, mode=args.tokenizer)
+    return cfg, HybridModel(cfg, weights, device=device, dtype=dtype), tok

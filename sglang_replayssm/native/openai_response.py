@@ -6,7 +6,8 @@ Logprobs are the model's raw log-probabilities (sampling.py). Completions: `{"to
 (per token: where its text starts in the choice's text)}`; chat: `{"content": [{"token", "logprob",
 "bytes", "top_logprobs": [...]}]}`. A stream carries each step's entries in that step's chunk.
 Usage counts the prompt once and every choice's tokens. With `return_token_ids` every choice (and
-every stream chunk) also carries the `token_ids` its text came from.
+every stream chunk) also carries the `token_ids` its text came from. `merged_logprobs` joins the
+chunks' logprobs objects (the Ray router answers a non-streamed request from a stream).
 """
 
 from __future__ import annotations
@@ -119,3 +120,17 @@ class Choices:
     def usage_chunk(self) -> str:
         return sse({"id": self.rid, "object": self.obj + (".chunk" if self.chat else ""), "created": self.created,
                     "model": self.model, "choices": [], "usage": self.usage()})
+
+
+def merged_logprobs(chat: bool, parts: list) -> dict:
+    """One logprobs object from the stream chunks' ones (the Ray router's non-streamed answer);
+    completions' text_offset recomputed over the whole answer."""
+    if chat:
+        return {"content": [e for p in parts for e in p.get("content") or []], "refusal": None}
+    tokens = [t for p in parts for t in p.get("tokens") or []]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [x for p in parts for x in p.get("token_logprobs") or []],
+            "top_logprobs": [x for p in parts for x in p.get("top_logprobs") or []], "text_offset": offsets}

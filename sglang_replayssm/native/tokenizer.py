@@ -54,6 +54,10 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
+    def token_entry(self, t: int) -> dict:
+        """What a logprobs entry shows of token t: its text and its bytes."""
+        return {"token": self.decode([t]), "bytes": [t] if t < 256 else []}
+
     def chat_prompt(self, messages: list[dict], continue_final: bool = False) -> list[int]:
         """The conversation as a prompt; ``continue_final`` leaves the last (assistant) message open so
         that generation continues it (OpenAI/SGLang ``continue_final_message``)."""
@@ -85,6 +89,10 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_entry(self, t: int) -> dict:
+        text = self.decode([t])
+        return {"token": text, "bytes": list(text.encode("utf-8"))}
 
     def chat_prompt(self, messages: list[dict], continue_final: bool = False) -> list[int]:
         if getattr(self.tok, "chat_template", None):

@@ -38,6 +38,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from ..json_checks import field_of, find_invalid
 from ..native.auth import UNAUTHORIZED_BODY, authorized
+from ..native.openai_response import merged_logprobs
 from .metrics import RouterMetrics
 from .policy import PolicyConfig
 from .resume import SGLANG_COMPLETION_MAX_TOKENS, max_tokens_of
@@ -302,6 +303,7 @@ class RouterIngress:
         retries = 0
         finish = None
         usage = None
+        logprobs: List[Dict[str, Any]] = []   # each chunk's logprobs object, for a non-streamed answer
         model = body.get("model")
         max_tokens = max_tokens_of(body)
         if max_tokens is None and kind == "completions":   # every engine's default for a completion
@@ -364,7 +366,10 @@ class RouterIngress:
                                 stream_id, created = chunk.get("id"), chunk.get("created")
                                 model = chunk.get("model")
                             chunk["id"], chunk["created"] = stream_id, created
-                            if not text and not fin and (sent_tokens > 0 or attempt_tokens > 0 or retries):
+                            lp = (chunk.get("choices") or [{}])[0].get("logprobs")
+                            if lp:
+                                logprobs.append(lp)
+                            if not text and not fin and not lp and (sent_tokens > 0 or attempt_tokens > 0 or retries):
                                 continue  # role-only / empty chunk of a resumed attempt
                             if text:
                                 now = time.monotonic()
@@ -427,7 +432,8 @@ class RouterIngress:
             self.metrics.e2e.observe(time.monotonic() - start)
             yield "end", {"id": stream_id or f"cmpl-{route_id}", "created": created or int(time.time()),
                           "text": sent_text, "tokens": sent_tokens, "finish_reason": finish or "stop",
-                          "usage": usage, "model": model, "replicas": replicas, "decision": decision, "retries": retries}
+                          "usage": usage, "model": model, "replicas": replicas, "decision": decision, "retries": retries,
+                          "logprobs": merged_logprobs(kind == "chat", logprobs) if logprobs else None}
         finally:
             self.metrics.inflight.dec()
 
@@ -490,11 +496,11 @@ class RouterIngress:
         usage = info["usage"] or {"prompt_tokens": None, "completion_tokens": info["tokens"],
                                   "total_tokens": None}
         if kind == "completions":
-            choice = {"index": 0, "text": info["text"], "logprobs": None, "finish_reason": info["finish_reason"]}
+            choice = {"index": 0, "text": info["text"], "logprobs": info["logprobs"], "finish_reason": info["finish_reason"]}
             obj = "text_completion"
         else:
             choice = {"index": 0, "message": {"role": "assistant", "content": info["text"]},
-                      "finish_reason": info["finish_reason"]}
+                      "logprobs": info["logprobs"], "finish_reason": info["finish_reason"]}
             obj = "chat.completion"
         return {"id": info["id"], "object": obj, "created": info["created"], "model": info["model"],
                 "choices": [choice], "usage": usage, "replayssm": meta}

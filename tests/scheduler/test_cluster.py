@@ -81,6 +81,13 @@ def test_concurrent_requests_all_succeed(cluster):
                     assert r["done"] and len(r["ids"]) == 1
             assert res[-1].status_code == 200, res[-1].text
             assert res[-1].json()["choices"][0]["message"]["content"]
+            # the engine's sampling parameters pass the router; logprobs survive its non-streamed answer
+            r = await c.post("/v1/completions", json={"prompt": "logprobs through the router", "max_tokens": 6,
+                                                      "logprobs": 2, "top_k": 5, "presence_penalty": 0.5, **EXTRA})
+            assert r.status_code == 200, r.text
+            (choice,) = r.json()["choices"]
+            assert "".join(choice["logprobs"]["tokens"]) == choice["text"] and len(choice["text"]) == 6
+            assert len(choice["logprobs"]["token_logprobs"]) == 6 and choice["logprobs"]["text_offset"][-1] == 5
             # a bad request is the engine's 400, passed through, not retried
             bad = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
             assert bad.status_code == 400 and "max_tokens" in bad.text
