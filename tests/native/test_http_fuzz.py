@@ -50,7 +50,14 @@ WILD = {
     "ignore_eos": st.one_of(st.booleans(), values),
     "presence_penalty": st.one_of(floats, values),
     "frequency_penalty": st.one_of(floats, values),
-    "logprobs": values, "echo": values, "user": values,
+    "logprobs": st.one_of(values, st.integers(-1, 21), st.booleans()), "echo": values, "user": values,
+    "top_logprobs": st.one_of(ints, values), "top_k": st.one_of(ints, values), "min_p": st.one_of(floats, values),
+    "repetition_penalty": st.one_of(floats, values), "min_tokens": st.one_of(st.integers(-2, 14), values),
+    "logit_bias": st.one_of(values, st.dictionaries(st.one_of(text, st.integers(-5, 400).map(str)),
+                                                   st.one_of(floats, st.integers(-150, 150)), max_size=3)),
+    "stop_token_ids": st.one_of(values, st.lists(st.one_of(ints, st.integers(0, 300)), max_size=3)),
+    "best_of": st.one_of(ints, values), "suffix": values, "response_format": values, "tools": values,
+    "tool_choice": values,
 }
 PROMPT = st.one_of(text, st.lists(ints, max_size=6), st.lists(st.integers(0, 300), min_size=1, max_size=6),
                    st.lists(text, max_size=2), values)
