@@ -73,6 +73,8 @@ def native_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer <key>' on every route but /health and /metrics "
                         "(401 otherwise); default: no key")
+    p.add_argument("--enable-docs", action="store_true",
+                   help="serve FastAPI's /docs, /redoc and /openapi.json (default: not served)")
     p.add_argument("--max-request-bytes", type=int, default=8 << 20,
                    help="largest request body accepted (larger: 413, never read past the limit); default "
                         "8388608 (8 MiB)")
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     from .native.server import serve
 
     serve(args, host=ns.host, port=ns.port, log_level=ns.log_level, api_key=ns.api_key, sock=sock,
-          max_request_bytes=ns.max_request_bytes, drain_timeout=ns.drain_timeout, stats_interval=ns.stats_log_interval)
+          max_request_bytes=ns.max_request_bytes, drain_timeout=ns.drain_timeout, stats_interval=ns.stats_log_interval,
+          enable_docs=ns.enable_docs)
     return 0
 
 

@@ -44,6 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..json_checks import field_of, find_invalid
 from .auth import ApiKeyMiddleware
+from .browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
 from .engine import EngineArgs
 from .engine_client import DRAINING, EngineClient
 from .metrics import ServerMetrics
@@ -102,7 +103,8 @@ async def _disconnected(request: Request) -> None:
 
 # --------------------------------------------------------------------------- the app
 def create_app(client: EngineClient, banner: str | None = None, api_key: str | None = None,
-               max_request_bytes: int = MAX_REQUEST_BYTES, stats_interval: float = 0.0) -> FastAPI:
+               max_request_bytes: int = MAX_REQUEST_BYTES, stats_interval: float = 0.0,
+               loopback: bool = True, enable_docs: bool = False) -> FastAPI:
     model_name = client.args.served_name
     metrics = ServerMetrics(lambda: client.stats, model_name)
 
@@ -123,9 +125,11 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
             logger.cancel()
         await client.close()
 
-    app = FastAPI(title="sglang-replayssm native engine", lifespan=lifespan)
+    docs = {} if enable_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="sglang-replayssm native engine", lifespan=lifespan, **docs)
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(BrowserGuardMiddleware, loopback=loopback)   # outermost: before the key check
 
     too_large = (f"request body: larger than this server's limit of {max_request_bytes} bytes "
                  "(--max-request-bytes)")
@@ -320,7 +324,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_level: str = "warning",
           api_key: str | None = None, sock=None, max_request_bytes: int = MAX_REQUEST_BYTES,
-          drain_timeout: float = DRAIN_TIMEOUT_S, stats_interval: float = 10.0) -> None:
+          drain_timeout: float = DRAIN_TIMEOUT_S, stats_interval: float = 10.0, enable_docs: bool = False) -> None:
     """Serve until stopped (SIGTERM / SIGINT: drain, then exit 0). `sock`: a socket already bound to
     (host, port) (launch.py binds it before the engine is built, so a port in use is a flag error at
     once, not after the model has loaded)."""
@@ -329,7 +333,8 @@ def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_leve
     client = EngineClient(args)
     url = f"http://{host}:{port}"
     banner = BANNER.replace("{url}", url)
-    app = create_app(client, banner, api_key, max_request_bytes, stats_interval)
+    app = create_app(client, banner, api_key, max_request_bytes, stats_interval,
+                     loopback=host in LOOPBACK_HOSTS, enable_docs=enable_docs)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
     server = DrainingServer(config, client, drain_timeout)

@@ -38,13 +38,14 @@ from ray.serve.exceptions import RequestCancelledError
 
 from ..json_checks import field_of, find_invalid
 from ..native.auth import UNAUTHORIZED_BODY, authorized
+from ..native.browser_guard import error_body, problem
 from ..native.openai_response import merged_logprobs
 from .metrics import RouterMetrics
 from .policy import PolicyConfig
 from .resume import SGLANG_COMPLETION_MAX_TOKENS, max_tokens_of
 from . import state as _state  # module reference: Serve pickles the ingress class by value
 
-app = FastAPI(title="sglang-replayssm router")
+app = FastAPI(title="sglang-replayssm router", docs_url=None, redoc_url=None, openapi_url=None)
 logger = logging.getLogger("ray.serve")
 
 REPLICA_DOWN_STATUSES = (502, 503, 504)   # an engine that is not serving, not a bad request
@@ -159,7 +160,8 @@ def _delta_text(kind: str, chunk: Dict[str, Any]) -> Tuple[str, Optional[str]]:
 @serve.ingress(app)
 class RouterIngress:
     def __init__(self, engine_handle, policy: Optional[Dict[str, Any]] = None, max_retries: int = 3,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, loopback: bool = True):
+        self.loopback = loopback   # bound to loopback: refuse Host names that are not (browser_guard.py)
         _state.STATE.configure(PolicyConfig(**(policy or {})))
         self.engine = engine_handle.options(stream=True)
         self.engine_unary = engine_handle.options(stream=False)
@@ -168,7 +170,13 @@ class RouterIngress:
         self.metrics = RouterMetrics(_state.STATE)
 
     def _unauthorized(self, request: Request, endpoint: Optional[str] = None) -> Optional[Response]:
-        """A 401 when --api-key is set and the request does not carry it, else None."""
+        """A 421/403/415 for what a browser page may not send (browser_guard.py), a 401 when --api-key is
+        set and the request does not carry it, else None."""
+        refused = problem(request.method, request.headers.items(), self.loopback)
+        if refused is not None:
+            if endpoint:
+                self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
+            return Response(error_body(*refused), status_code=refused[0], media_type="application/json")
         if authorized(request.headers.get("authorization"), self.api_key):
             return None
         if endpoint:

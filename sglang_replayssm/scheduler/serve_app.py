@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..native.browser_guard import LOOPBACK_HOSTS
 from . import loopback as loopback_mod
 from .engine_process import ENGINES
 from .policy import POLICIES, SPILLS, PolicyConfig
@@ -28,7 +29,6 @@ APP_NAME = "replayssm"
 ENGINE_DEPLOYMENT = "ReplaySSMEngine"
 ROUTER_DEPLOYMENT = "ReplaySSMRouter"
 ROUTER_CLASS = "sglang_replayssm.scheduler.request_router:ReplaySSMRouter"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class SchedulerError(RuntimeError):
@@ -204,7 +204,7 @@ def connect_ray(opts: SchedulerOptions):
     """Join the cluster named by --ray-address, or start a local one; clear errors otherwise."""
     addr = opts.ray_address
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    loopback = opts.host in LOOPBACK
+    loopback = opts.host in LOOPBACK_HOSTS
     if addr in (None, "", "local") and loopback:
         loopback_mod.enable()
     import ray
@@ -283,7 +283,8 @@ def build_app(opts: SchedulerOptions):
     router = serve.deployment(RouterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=opts.router_max_ongoing,
         ray_actor_options={"num_cpus": 0},
-    ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries, opts.api_key)
+    ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries, opts.api_key,
+            opts.host in LOOPBACK_HOSTS)
     return router
 
 

@@ -4,9 +4,13 @@
   and the Ray router's prefix tree still matches a new prompt against those hashes;
 * without the key (or with a wrong one) every route but /health and /metrics is a 401 with an
   OpenAI-style error; with it, a 200; the Ray replica's HTTP client sends the key its engine was
-  started with.
+  started with;
+* what a web page may make a browser send is refused before any route runs: a Host that is not a
+  loopback name (DNS rebinding) 421, a cross-site Origin 403, a text/plain or form body 415; /docs and
+  /openapi.json are served only with --enable-docs.
 """
 
+import asyncio
 import json
 import uuid
 
@@ -142,3 +146,46 @@ def test_served_model_name(server):
     r = httpx.post(server.url + "/v1/completions", json=dict(body, model="replayssm-embedded-mamba2"), headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     assert httpx.get(server.url + "/get_model_info", headers=AUTH).json()["served_model_name"] == SERVED
+
+
+@pytest.mark.parametrize("headers,status,param", [
+    ({"Host": "rebound.example:30000"}, 421, "host"),
+    ({"Origin": "http://evil.example"}, 403, "origin"),
+    ({"Origin": "null"}, 403, "origin"),
+    ({"Content-Type": "text/plain;charset=UTF-8"}, 415, "content-type"),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "content-type"),
+])
+def test_what_a_browser_page_may_send_is_refused(server, headers, status, param):
+    body = json.dumps({"prompt": "hi", "max_tokens": 2})
+    for path in ("/v1/completions", "/generate"):
+        r = httpx.post(server.url + path, content=body, headers=AUTH | headers, timeout=30)
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["param"] == param
+    if param == "host":   # reads too: a rebound page cannot read the load report or the metrics
+        for path in ("/v1/replayssm/load", "/metrics"):
+            assert httpx.get(server.url + path, headers=AUTH | headers, timeout=30).status_code == 421
+
+
+def test_same_origin_and_loopback_names_pass_and_docs_are_off(server):
+    port = server.url.rsplit(":", 1)[1]
+    body = {"prompt": "hi", "max_tokens": 2}
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60,
+                       headers=AUTH | {"Host": host, "Origin": f"http://{host}"})
+        assert r.status_code == 200, r.text
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(server.url + path, headers=AUTH, timeout=30).status_code == 404
+
+
+def test_enable_docs_serves_them():
+    from sglang_replayssm.native.engine import EngineArgs
+    from sglang_replayssm.native.engine_client import EngineClient
+    from sglang_replayssm.native.server import create_app
+
+    client = EngineClient(EngineArgs())   # not started: only the app's routes are looked at
+    try:
+        paths = {getattr(r, "path", None) for r in create_app(client, enable_docs=True).routes}
+        assert {"/docs", "/openapi.json"} <= paths
+        assert not {"/docs", "/openapi.json"} & {getattr(r, "path", None) for r in create_app(client).routes}
+    finally:
+        asyncio.run(client.close())

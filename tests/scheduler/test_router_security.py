@@ -5,6 +5,7 @@ error before Ray starts; the prefix tree holds hashes, never prompt text."""
 
 import argparse
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -116,6 +117,15 @@ def test_keyed_router_on_the_shared_cluster(cluster):
                                             complete(ok, "hello keyed router", 6, stream=True, temperature=0))
                 assert a["tokens"] == b["tokens"] == 6 and a["text"] == b["text"] and b["done"]
                 assert (await ok.get("/v1/models")).json()["data"]
+                # what a browser page may not send is refused before the key check (browser_guard.py)
+                raw = json.dumps(body)
+                for headers, status, param in (({"Host": "rebound.example:8000"}, 421, "host"),
+                                               ({"Origin": "http://evil.example"}, 403, "origin"),
+                                               ({"Content-Type": "text/plain"}, 415, "content-type")):
+                    r = await ok.post("/v1/completions", content=raw, headers=headers)
+                    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+                for path in ("/docs", "/openapi.json"):
+                    assert (await ok.get(path)).status_code == 404
         asyncio.run(run())
     finally:
         serve.delete(APP)
