@@ -80,8 +80,13 @@ def harness_env(env: dict | None = None) -> dict:
     # SGLang keeps conv states in bf16 unless told: fp32 like the model (--dtype float32); SGLang's extra_buffer
     # prefill writes the model's activations into the conv state with an index_put that needs equal dtypes
     env.setdefault("SGLANG_MAMBA_CONV_DTYPE", "float32")
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
-    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
+    return site_first(env, SITE_DIR)
+
+
+def site_first(env: dict, site_dir) -> dict:
+    """``env`` with ``site_dir`` (a harness's ``sitecustomize.py`` folder) first on ``PYTHONPATH``, once."""
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(site_dir)]
+    env["PYTHONPATH"] = os.pathsep.join([str(site_dir), *parts])
     return env
 
 

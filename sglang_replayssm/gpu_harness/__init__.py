@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sglang_replayssm.cpu_harness import _given
+from sglang_replayssm.cpu_harness import _given, site_first
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
@@ -52,9 +52,7 @@ def harness_env(env: dict | None = None) -> dict:
     env = dict(os.environ if env is None else env)
     # SGLang's own switch for its sglang-kernel version check (the stand-in has no package metadata)
     env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
-    env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
-    return env
+    return site_first(env, SITE_DIR)
 
 
 def activate() -> None:

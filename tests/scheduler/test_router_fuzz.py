@@ -10,9 +10,9 @@ import re
 import threading
 
 import httpx
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 
-from tests.native.test_http_fuzz import chat_body, completion_body, raw
+from tests.native.test_http_fuzz import chat_body, check_answer, completion_body, raw
 
 VICTIM = {"prompt": "the router's victim stream: unharmed by the fuzzer ", "max_tokens": 120,
           "temperature": 0, "ignore_eos": True, "stream": True}
@@ -61,22 +61,6 @@ class Victims:
 _state = {}
 
 
-def _check(url, path, body: bytes):
-    r = httpx.post(url + path, content=body, headers={"content-type": "application/json"}, timeout=120)
-    assert r.status_code < 500, (r.status_code, r.text[:500], body[:300])
-    event(f"status {r.status_code}")
-    if r.status_code >= 400:
-        err = r.json()["error"]
-        assert isinstance(err["message"], str) and err["message"], r.text
-        return
-    if r.headers["content-type"].startswith("text/event-stream"):
-        events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]", r.text[-300:]
-        assert all("error" not in json.loads(e) for e in events[:-1]), r.text[-300:]
-    else:
-        assert r.json()["choices"], r.text
-
-
 FUZZ = settings(max_examples=15, deadline=60_000, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
@@ -91,13 +75,13 @@ def test_solo_victim(cluster):
 @FUZZ
 @given(body=raw(completion_body))
 def test_fuzzed_completions_through_the_router(cluster, body):
-    _check(cluster["url"], "/v1/completions", body)
+    check_answer(cluster["url"], "/v1/completions", body, timeout=120)
 
 
 @FUZZ
 @given(body=raw(chat_body))
 def test_fuzzed_chat_through_the_router(cluster, body):
-    _check(cluster["url"], "/v1/chat/completions", body)
+    check_answer(cluster["url"], "/v1/chat/completions", body, timeout=120)
 
 
 def test_victims_unharmed_and_router_healthy_after_the_fuzzing(cluster):
