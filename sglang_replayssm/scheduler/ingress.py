@@ -38,7 +38,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from ..json_checks import field_of, find_invalid
 from ..native.auth import UNAUTHORIZED_BODY, authorized
-from ..native.browser_guard import error_body, problem
+from ..native.browser_guard import problem
 from ..native.openai_response import merged_logprobs
 from .metrics import RouterMetrics
 from .policy import PolicyConfig
@@ -169,18 +169,17 @@ class RouterIngress:
         self.api_key = api_key
         self.metrics = RouterMetrics(_state.STATE)
 
-    def _unauthorized(self, request: Request, endpoint: Optional[str] = None) -> Optional[Response]:
+    def _refused(self, request: Request, endpoint: Optional[str] = None) -> Optional[Response]:
         """A 421/403/415 for what a browser page may not send (browser_guard.py), a 401 when --api-key is
-        set and the request does not carry it, else None."""
+        set and the request does not carry it (either counted as a client error of `endpoint`), else None."""
         refused = problem(request.method, request.headers.items(), self.loopback)
-        if refused is not None:
-            if endpoint:
-                self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
-            return Response(error_body(*refused), status_code=refused[0], media_type="application/json")
-        if authorized(request.headers.get("authorization"), self.api_key):
+        if refused is None and authorized(request.headers.get("authorization"), self.api_key):
             return None
         if endpoint:
             self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
+        if refused is not None:
+            status, param, message = refused
+            return Response(_error_body(status, message, param), status_code=status, media_type="application/json")
         return Response(UNAUTHORIZED_BODY, status_code=401, media_type="application/json",
                         headers={"www-authenticate": "Bearer"})
 
@@ -204,7 +203,7 @@ class RouterIngress:
 
     @app.get("/v1/models")
     async def models(self, request: Request):
-        return self._unauthorized(request) or await self.engine_unary.models.remote()
+        return self._refused(request) or await self.engine_unary.models.remote()
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
@@ -217,7 +216,7 @@ class RouterIngress:
     # -- the request path ---------------------------------------------------------------------
     async def _serve(self, kind: str, request: Request):
         endpoint = "completions" if kind == "completions" else "chat"
-        denied = self._unauthorized(request, endpoint)
+        denied = self._refused(request, endpoint)
         if denied is not None:
             return denied
         try:
