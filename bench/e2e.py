@@ -41,7 +41,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sglang_replayssm.native import traffic  # noqa: E402
+from sglang_replayssm import accounting  # noqa: E402
 from sglang_replayssm.native.config import HybridConfig  # noqa: E402
 from sglang_replayssm.native.model import HybridModel, KVCache, random_weights  # noqa: E402
 from sglang_replayssm.native.ssm_ops import SSMOps  # noqa: E402
@@ -192,13 +192,13 @@ def decode_bench(cfg, model, batch, mode, args, device, timer):
     for _ in range(3):
         run()
     ms = timer(run, args.iters)
-    sizes = traffic.StateSizes.of(st.pool)
+    sizes = accounting.StateSizes.of(st.pool)
     rd = wr = 0
     for b in range(batch):   # one full window: every row goes through every ring phase once
         if mode == "no-ssm":
             break
         for c in range(args.window if mode != "conventional" else 1):
-            r, w = traffic.decode_bytes(sizes, mode == "conventional", c, c + 1 >= args.window)
+            r, w = accounting.decode_bytes(sizes, mode == "conventional", c, c + 1 >= args.window)
             rd, wr = rd + r, wr + w
     phases = args.window if mode != "conventional" else 1
     state_bytes = (rd + wr) / phases

@@ -2,8 +2,8 @@
 
 Engine-side totals (counters, gauges) arrive with every engine stats message and are exported by a
 collector; request latencies (TTFT, inter-token, end-to-end) are histograms observed in the front
-end. Generic names follow SGLang's (`sglang:*`) so one dashboard fits both engines; the ReplaySSM
-metrics are defined once for both engines in `sglang_replayssm.metric_names`.
+end. Generic names follow SGLang's (`sglang:*`) so one dashboard fits both engines; the `replayssm:*`
+metrics (names, help, meaning) are the table of `sglang_replayssm.accounting`.
 """
 
 from __future__ import annotations
@@ -11,29 +11,30 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from sglang_replayssm import metric_names as replayssm_names
+from sglang_replayssm.accounting import METRICS, NATIVE
+
+# engine stats key of a replayssm: metric: its name after the colon, but for these
+_STATS_KEYS = {"replayssm:pool_slots_total": "total_slots", "replayssm:pool_slots_free": "free_slots"}
+
+
+def _ours(kind: str) -> list[tuple[str, str, str]]:
+    return [(m.name, _STATS_KEYS.get(m.name, m.name.split(":", 1)[1]), m.help) for m in METRICS
+            if m.kind == kind and NATIVE in m.engines]
+
 
 # (metric name, stats key, help); counters get "_total" appended in the exposition
 COUNTERS = [
     ("sglang:prompt_tokens", "prompt_tokens", "Prefilled prompt tokens"),
     ("sglang:generation_tokens", "generation_tokens", "Generated tokens"),
     ("sglang:num_requests", "requests_finished", "Finished requests"),
-    *((name, name.split(":", 1)[1], doc) for name, doc in replayssm_names.COUNTERS.items()),
-    ("replayssm:draft_tokens", "draft_tokens", "Speculative draft tokens proposed"),
-    ("replayssm:accepted_draft_tokens", "accepted_draft_tokens", "Speculative draft tokens accepted"),
-    ("replayssm:prefix_cache_hits", "prefix_cache_hits", "Requests started from a cached prompt-prefix state"),
-    ("replayssm:prefix_cache_hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens not prefilled thanks to the cache"),
+    *_ours("counter"),
 ]
 GAUGES = [
     ("sglang:num_running_reqs", "running", "Requests holding a pool slot"),
     ("sglang:num_queue_reqs", "waiting", "Requests waiting for a pool slot"),
     ("sglang:gen_throughput", "gen_throughput", "Generated tokens per second (recent)"),
     ("sglang:token_usage", "pool_usage", "Fraction of pool slots in use"),
-    ("replayssm:pool_usage", "pool_usage", "Fraction of ReplayStatePool slots in use"),
-    ("replayssm:pool_slots_total", "total_slots", "ReplayStatePool slots"),
-    ("replayssm:pool_slots_free", "free_slots", "Free ReplayStatePool slots"),
-    ("replayssm:batch_size", "batch_size", "Rows in the last decode/verify step"),
-    *((name, name.split(":", 1)[1], doc) for name, doc in replayssm_names.GAUGES.items()),
+    *_ours("gauge"),
 ]
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

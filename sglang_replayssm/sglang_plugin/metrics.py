@@ -1,6 +1,6 @@
 """ReplaySSM metrics, exported on SGLang's ``/metrics`` (prometheus_client multiprocess mode).
 
-Names and meanings: :mod:`sglang_replayssm.metric_names` (the same in the native engine). SGLang sets
+Names and meanings: the table of :mod:`sglang_replayssm.accounting` (the same in the native engine). SGLang sets
 ``PROMETHEUS_MULTIPROC_DIR`` in the launcher when ``--enable-metrics`` is given, before it spawns the
 schedulers; metrics created in a scheduler then land in that directory and SGLang's HTTP server aggregates
 them. prometheus_client picks its value class when it is first imported, so the metrics are created
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from sglang_replayssm.metric_names import COUNTERS, GAUGES
+from sglang_replayssm.accounting import COUNTERS, GAUGES
 
 NAMES = tuple(f"{n}_total" for n in COUNTERS) + tuple(GAUGES)
 

@@ -33,6 +33,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MambaPool as _SGLangMambaPool
 
+from sglang_replayssm.accounting import StateSizes, conventional_traffic, decode_traffic, verify_traffic
 from sglang_replayssm.flags import FlagError
 from sglang_replayssm.pool import ReplayStatePool, SSMGeometry
 
@@ -197,8 +198,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._pending_track: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._steps_since_metrics = 0
         self._metrics_interval = max(1, int(os.environ.get(METRICS_INTERVAL_ENV, "16")))
-        # decode: flush rows, rows, records read, occupancy; verify rows at commit: fold rows, rows
-        self._acc = torch.zeros(6, dtype=torch.float64, device=device)
+        self._acc = torch.zeros(9, dtype=torch.float64, device=device)   # metrics counts (see _account_decode)
         self._ssm_itemsize = cache_params.dtype.temporal.itemsize
         ours = self.replay.bytes_per_slot() + sum(_tensor_bytes(c[:, 0]) for c in conv)
         theirs_slot = cache_params.mamba_cache_per_req
@@ -294,7 +294,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         slots = [slots[i] for i in keep]
         accepted = [accepted[i] for i in keep]
         pend = [self.replay.pending(s) for s in slots]
-        self._account_commit(slots_t, accepted_t)   # before the pointer moves
+        self._account_commit(slots_t, accepted_t, sum(pend))   # before the pointer moves
         self.replay.commit(slots, accepted, None if paths is None else [paths[i] for i in keep], fold=self._fold)
         metrics.inc("replayssm:accepted_records_total", sum(accepted))
         metrics.inc("replayssm:rollbacks_total", sum(p - a for p, a in zip(pend, accepted)))
@@ -315,30 +315,36 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.replay.cursor[t] = 0
         self.replay.write_state(layer, idx, self.replay.ckpt[layer, t].float())
 
-    # ------------------------------------------------------------------ metrics
-    def _record_bytes(self) -> int:
-        g, c = self.geometry, self.replay.cfg
-        rec = c.record_dtype.itemsize
-        gw = g.head_k_dim if g.per_channel_decay else 1
-        return g.num_heads * g.head_v_dim * rec + g.num_k_heads * g.head_k_dim * rec + g.num_heads * gw * 4
-
+    # ------------------------------------------------------------------ metrics (sglang_replayssm/accounting.py)
+    # self._acc: device counts, read once per metrics interval (one host sync): [0] decode rows, [1] their
+    # flush rows, [2] records their rings held; [3] ring occupancy after the last step; [4] verify rows at
+    # their commit, [5] tokens they verified, [6] records their rings held, [7] rows whose commit folds,
+    # [8] committed records those fold.
     def _account_decode(self, slots: torch.Tensor) -> None:
         live = slots > 0
         cur = self.replay.cursor[slots].to(torch.float64)
         flush = ((cur + 1) >= self.replay.cfg.window) & live
-        self._acc[0] += flush.sum()
-        self._acc[1] += live.sum()
-        self._acc[2] += torch.where(live, cur, torch.zeros_like(cur)).sum()
-        self._acc[3] = (torch.where(live, cur + 1, torch.zeros_like(cur)).sum() / live.sum().clamp(min=1)
-                        / self.replay.cfg.window)   # metric_names: committed records / window
+        zero = torch.zeros_like(cur)
+        self._acc[0] += live.sum()
+        self._acc[1] += flush.sum()
+        self._acc[2] += torch.where(live, cur, zero).sum()
+        after = torch.where(live & ~flush, cur + 1, zero)   # committed records after the step (0: flushed)
+        self._acc[3] = after.sum() / live.sum().clamp(min=1) / self.replay.cfg.window
         self._count_step()
 
-    def _account_commit(self, slots_t: torch.Tensor, accepted_t: torch.Tensor) -> None:
-        """Verify rows at their commit: a row folds when its committed records reach the window (device
-        counts, read with the decode counters)."""
+    def _account_commit(self, slots_t: torch.Tensor, accepted_t: torch.Tensor, tokens: int) -> None:
+        """Verify rows (``tokens`` verified in all) at their commit, before the pointer moves: a row folds
+        when its committed records reach the window."""
         cur = self.replay.cursor[slots_t.long()].to(torch.float64)
-        self._acc[4] += ((cur + accepted_t.to(torch.float64)) >= self.replay.cfg.window).sum()
-        self._acc[5] += slots_t.numel()
+        new = cur + accepted_t.to(torch.float64)
+        folds = new >= self.replay.cfg.window
+        zero = torch.zeros_like(new)
+        self._acc[4] += slots_t.numel()
+        self._acc[5] += tokens
+        self._acc[6] += cur.sum()
+        self._acc[7] += folds.sum()
+        self._acc[8] += torch.where(folds, new, zero).sum()
+        self._acc[3] = torch.where(folds, zero, new).mean() / self.replay.cfg.window
         self._count_step()
 
     def _count_step(self) -> None:
@@ -349,26 +355,19 @@ class ReplayMambaPool(_SGLangMambaPool):
     def flush_metrics(self) -> None:
         if self.replay is None:
             return
-        flushes, rows, recs_read, occupancy, v_folds, v_rows = self._acc.tolist()  # one host sync per interval
+        d_rows, d_flushes, d_records, occupancy, v_rows, v_tokens, v_records, v_folds, v_fold_records = \
+            self._acc.tolist()
         self._acc[:3] = 0
         self._acc[4:] = 0
         self._steps_since_metrics = 0
-        nl, g = self.num_mamba_layers, self.geometry
-        state = g.num_heads * g.head_v_dim * g.head_k_dim
-        ckpt_b = state * self.replay.ckpt.element_size()
-        rc_b = (0 if self.replay.rc is None else state * self.replay.rc.element_size()
-                // (2 if self.replay.cfg.read_copy == "nvfp4" else 1))
-        read_b = rc_b if rc_b else ckpt_b
-        rec_b = self._record_bytes()
-        nonflush = rows - flushes
-        read = nl * (nonflush * read_b + flushes * ckpt_b + recs_read * rec_b)
-        written = nl * (rows * rec_b + flushes * (ckpt_b + rc_b))
-        conventional = nl * rows * 2 * state * self._ssm_itemsize
-        metrics.inc("replayssm:flushes_total", flushes + v_folds)
-        metrics.inc("replayssm:nonflush_steps_total", nonflush + v_rows - v_folds)
-        metrics.inc("replayssm:state_bytes_read_total", read)
-        metrics.inc("replayssm:state_bytes_written_total", written)
-        metrics.inc("replayssm:conventional_state_bytes_total", conventional)
+        s = StateSizes.of(self.replay, conventional_itemsize=self._ssm_itemsize)
+        d_read, d_written = decode_traffic(s, d_rows, d_flushes, d_records)
+        v_read, v_written = verify_traffic(s, "replay", v_rows, v_tokens, v_records, v_folds, v_fold_records)
+        metrics.inc("replayssm:flushes_total", d_flushes + v_folds)
+        metrics.inc("replayssm:nonflush_steps_total", d_rows - d_flushes + v_rows - v_folds)
+        metrics.inc("replayssm:state_bytes_read_total", d_read + v_read)
+        metrics.inc("replayssm:state_bytes_written_total", d_written + v_written)
+        metrics.inc("replayssm:conventional_state_bytes_total", conventional_traffic(s, d_rows + v_tokens))
         metrics.set_gauge("replayssm:ring_occupancy", occupancy)
 
     # ------------------------------------------------------------------ SGLang's slot operations

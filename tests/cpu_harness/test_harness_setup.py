@@ -4,9 +4,10 @@ and which flags switch it on (no SGLang server here: tests/sglang_server starts 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from sglang_replayssm import metric_names
+from sglang_replayssm import accounting
 from sglang_replayssm.cpu_harness import CPU_DEFAULTS, SITE_DIR, cpu_server_args, harness_env, wants_cpu
 
 
@@ -58,13 +59,33 @@ def test_only_device_cpu_switches_it_on():
 def test_one_definition_of_the_replayssm_metrics_for_both_engines_and_the_dashboard():
     from sglang_replayssm.native import metrics as native
 
-    native_names = {n for n, _k, _d in native.COUNTERS + native.GAUGES if n in metric_names.COUNTERS
-                    or n in metric_names.GAUGES}
-    assert native_names == set(metric_names.COUNTERS) | set(metric_names.GAUGES)
+    native_names = {n for n, _k, _d in native.COUNTERS + native.GAUGES if n in accounting.COUNTERS
+                    or n in accounting.GAUGES}
+    assert native_names == set(accounting.COUNTERS) | set(accounting.GAUGES)
     for n, _k, doc in native.COUNTERS + native.GAUGES:
-        if n in metric_names.COUNTERS or n in metric_names.GAUGES:
-            assert doc == {**metric_names.COUNTERS, **metric_names.GAUGES}[n]
+        if n in accounting.COUNTERS or n in accounting.GAUGES:
+            assert doc == {**accounting.COUNTERS, **accounting.GAUGES}[n]
     dash = json.loads((Path(__file__).parents[2] / "deploy/grafana/replayssm-serving.json").read_text())
     exprs = json.dumps(dash)
     assert "replayssm:ring_occupancy" in exprs   # drawn beside pool usage: a fraction in both engines
-    assert metric_names.ring_occupancy([4, 8], window=16) == 0.375 and metric_names.ring_occupancy([], 16) == 0.0
+    assert accounting.ring_occupancy([4, 8], window=16) == 0.375 and accounting.ring_occupancy([], 16) == 0.0
+    # every replayssm: metric of the native engine comes from the table, with its help
+    ours = {(n, d) for n, _k, d in native.COUNTERS + native.GAUGES if n.startswith("replayssm:")}
+    assert ours == {(m.name, m.help) for m in accounting.METRICS if accounting.NATIVE in m.engines}
+
+
+def test_every_replayssm_dashboard_panel_is_described_by_the_metric_table():
+    dash = json.loads((Path(__file__).parents[2] / "deploy/grafana/replayssm-serving.json").read_text())
+    exported = {m.exported: m for m in accounting.METRICS}
+    described = 0
+    for panel in dash["panels"]:
+        names = list(dict.fromkeys(n for t in panel.get("targets", []) for n in re.findall(r"replayssm:\w+", t["expr"])))
+        if not names:
+            continue
+        assert set(names) <= set(exported), (panel["title"], set(names) - set(exported))
+        assert panel.get("description") == accounting.panel_description(names), (
+            f"panel {panel['title']!r}: set its description to {accounting.panel_description(names)!r}")
+        if any(exported[n].unit == "bytes" for n in names):
+            assert panel["fieldConfig"]["defaults"]["unit"] == "Bps", panel["title"]   # rates of byte counters
+        described += 1
+    assert described == 5

@@ -1,0 +1,164 @@
+"""The ``replayssm:*`` Prometheus metrics and the SSM-state bytes each step kind moves: one definition for the
+native engine (``native/metrics.py``, ``native/traffic.py``), the SGLang plugin (``sglang_plugin/metrics.py``,
+``sglang_plugin/pool.py``) and the Grafana dashboard (``deploy/grafana``: each panel that draws a
+``replayssm:`` metric carries ``panel_description`` of its metrics; tests/cpu_harness checks it).
+
+State bytes, per SSM layer and sequence (sizes from the pool's own tensors, ``StateSizes``):
+
+  step kind               reads                                   writes
+  decode, non-flush row   read copy (or checkpoint) + c records   one record
+  decode, flush row       checkpoint + c records                  one record + checkpoint (+ read copy)
+  verify of T tokens      read copy (or checkpoint) + c records   T records
+  ... its commit, folding checkpoint + n committed records        checkpoint (+ read copy)
+  snapshot verify         the state                               T snapshots; commit: state (+ read copy)
+  conventional step       the state                               the state
+
+(c: records in the ring before the step; n: after the commit; a commit folds when n reaches the window.) A
+conventional engine moves ``2 * state`` per token (``conventional_traffic``), at its own state precision.
+Counter names are given without ``_total``; Prometheus clients append it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NATIVE, SGLANG = "native", "sglang"
+BOTH = (NATIVE, SGLANG)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str                 # Prometheus name (a counter's without "_total")
+    kind: str                 # "counter" | "gauge"
+    unit: str                 # what one count is
+    help: str                 # the HELP line
+    meaning: str              # how it is counted, the same in every engine that exports it
+    engines: tuple[str, ...] = BOTH
+
+    @property
+    def exported(self) -> str:
+        """The name a scrape shows."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("replayssm:flushes", "counter", "sequence steps",
+           "Sequence steps that folded the record ring into the checkpoint.",
+           "decode rows whose record filled the window, and verify rows whose commit did (a snapshot verify "
+           "row always counts here: it writes the state)"),
+    Metric("replayssm:nonflush_steps", "counter", "sequence steps",
+           "Sequence steps that only appended records (no state write).",
+           "decode and verify rows that only appended records to the ring (no checkpoint write)"),
+    Metric("replayssm:state_bytes_read", "counter", "bytes",
+           "SSM state bytes read by ReplaySSM steps (from shapes).",
+           "SSM state bytes the flush and non-flush steps read, from the pool's tensor shapes (accounting.py)"),
+    Metric("replayssm:state_bytes_written", "counter", "bytes",
+           "SSM state bytes written by ReplaySSM steps (from shapes).",
+           "SSM state bytes the flush and non-flush steps wrote, from the pool's tensor shapes (accounting.py)"),
+    Metric("replayssm:conventional_state_bytes", "counter", "bytes",
+           "SSM state bytes a conventional engine would read + write for the same tokens.",
+           "2 x the full SSM state per token those steps decoded or verified, at a conventional engine's "
+           "state precision"),
+    Metric("replayssm:accepted_records", "counter", "records",
+           "Verified records committed by moving the ring pointer (accepted drafts + bonus).",
+           "per verify row, the accepted draft tokens plus its bonus token"),
+    Metric("replayssm:rollbacks", "counter", "records",
+           "Draft records rejected by verify (records, not rows).",
+           "per verify row, T verified tokens minus its accepted records: left behind the ring pointer"),
+    Metric("replayssm:ring_occupancy", "gauge", "fraction",
+           "Mean committed records / window over the sequences holding a slot (0..1).",
+           "after the last decode or verify step, over its sequences: records committed and not yet folded "
+           "/ window (0 right after a flush)"),
+    Metric("replayssm:draft_tokens", "counter", "tokens", "Speculative draft tokens proposed",
+           "draft tokens the native engine's drafter proposed for verify", (NATIVE,)),
+    Metric("replayssm:accepted_draft_tokens", "counter", "tokens", "Speculative draft tokens accepted",
+           "draft tokens verify accepted (bonus tokens not counted)", (NATIVE,)),
+    Metric("replayssm:prefix_cache_hits", "counter", "requests", "Requests started from a cached prompt-prefix state",
+           "requests whose prefill started from the native engine's prompt-prefix cache", (NATIVE,)),
+    Metric("replayssm:prefix_cache_hit_tokens", "counter", "tokens", "Prompt tokens not prefilled thanks to the cache",
+           "prompt tokens those requests did not prefill", (NATIVE,)),
+    Metric("replayssm:pool_usage", "gauge", "fraction", "Fraction of ReplayStatePool slots in use",
+           "slots held by requests / slots", (NATIVE,)),
+    Metric("replayssm:pool_slots_total", "gauge", "slots", "ReplayStatePool slots",
+           "the pool's slots (max running requests)", (NATIVE,)),
+    Metric("replayssm:pool_slots_free", "gauge", "slots", "Free ReplayStatePool slots",
+           "slots no request holds", (NATIVE,)),
+    Metric("replayssm:batch_size", "gauge", "rows", "Rows in the last decode/verify step",
+           "sequences in the native engine's last decode or verify step", (NATIVE,)),
+)
+BY_NAME = {m.name: m for m in METRICS}
+# name -> help of the metrics both engines export (the SGLang plugin exports exactly these)
+COUNTERS = {m.name: m.help for m in METRICS if m.kind == "counter" and m.engines == BOTH}
+GAUGES = {m.name: m.help for m in METRICS if m.kind == "gauge" and m.engines == BOTH}
+
+
+def panel_description(names) -> str:
+    """A Grafana panel's description: one line per ``replayssm:`` metric it draws (exported names)."""
+    by_exported = {m.exported: m for m in METRICS}
+    lines = []
+    for n in names:
+        m = by_exported[n]
+        only = "" if m.engines == BOTH else f", {' and '.join(m.engines)} engine only"
+        lines.append(f"{n} ({m.unit}{only}): {m.meaning}.")
+    return "\n".join(lines)
+
+
+def ring_occupancy(committed_records, window: int) -> float:
+    """The gauge's value from the committed-record counts of the sequences of the last step."""
+    counts = [float(c) for c in committed_records]
+    return sum(counts) / len(counts) / window if counts else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- state bytes
+@dataclass(frozen=True)
+class StateSizes:
+    ckpt: int                # bytes of one layer's checkpoint of one sequence
+    read: int                # bytes a non-flush step reads for the state (read copy or checkpoint)
+    rc: int                  # bytes of the read copy (0 without)
+    record: int              # bytes of one record
+    conventional_state: int  # bytes of a conventional engine's state of one layer and sequence
+    layers: int
+
+    @classmethod
+    def of(cls, pool, conventional_itemsize: int = 4) -> StateSizes:
+        """Sizes of a ``ReplayStatePool``; the conventional engine keeps its state at ``conventional_itemsize``
+        bytes per element (fp32 unless told)."""
+        per = lambda t: 0 if t is None else t[0, 0].numel() * t.element_size()  # noqa: E731
+        rc = per(pool.rc) + per(pool.rc_scale) + per(pool.rc_gscale)
+        rec = 0
+        if pool.rec_d is not None:
+            rec = sum(t[0, 0, 0].numel() * t.element_size() for t in (pool.rec_d, pool.rec_k, pool.rec_g))
+        H, Dv, Dk = pool.geo.state_shape
+        ckpt = per(pool.ckpt)
+        return cls(ckpt=ckpt, read=rc or ckpt, rc=rc, record=rec, conventional_state=H * Dv * Dk * conventional_itemsize,
+                   layers=pool.num_layers)
+
+
+def decode_traffic(s: StateSizes, rows, flushes, records_read, conventional: bool = False) -> tuple:
+    """(read, written) bytes, all layers, of ``rows`` decode rows of which ``flushes`` flush, whose rings held
+    ``records_read`` records in all. ``conventional``: the pool keeps full states (no ring)."""
+    if conventional:
+        return s.layers * rows * s.ckpt, s.layers * rows * s.ckpt
+    nonflush = rows - flushes
+    read = s.layers * (nonflush * s.read + flushes * s.ckpt + records_read * s.record)
+    return read, s.layers * (rows * s.record + flushes * (s.ckpt + s.rc))
+
+
+def verify_traffic(s: StateSizes, mode: str, rows, tokens, records_read, folds, fold_records) -> tuple:
+    """(read, written) of verifying ``tokens`` tokens over ``rows`` rows (rings holding ``records_read``
+    records) and committing them, ``folds`` rows folding ``fold_records`` committed records; mode 'replay' |
+    'snapshot' (reads the state, writes one snapshot per token, the commit copies one back)."""
+    if mode == "replay":
+        read = s.layers * (rows * s.read + records_read * s.record + folds * s.ckpt + fold_records * s.record)
+        return read, s.layers * (tokens * s.record + folds * (s.ckpt + s.rc))
+    return s.layers * 2 * rows * s.ckpt, s.layers * (tokens * s.ckpt + rows * (s.ckpt + s.rc))
+
+
+def conventional_traffic(s: StateSizes, tokens) -> int:
+    """Bytes a conventional engine reads + writes for ``tokens`` tokens, all layers."""
+    return 2 * s.layers * s.conventional_state * tokens
+
+
+def decode_bytes(s: StateSizes, conventional: bool, cursor: int, flush: bool) -> tuple[int, int]:
+    """(read, written) of one decode row whose ring held ``cursor`` records."""
+    return decode_traffic(s, 1, int(flush), cursor, conventional)
