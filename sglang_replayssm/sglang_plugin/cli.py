@@ -18,7 +18,9 @@ import os
 
 from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions, add_replayssm_args
 
+from .engine_hooks import ensure_engine_hooks
 from .options import check_against_sglang, set_active
+
 
 class _NotGiven:
     """Default of our flags on SGLang's parser (not a str: argparse would run `type` on it)."""
@@ -59,8 +61,6 @@ def from_cli_args(original, cls, args):
             args.mamba_radix_cache_strategy = "no_buffer"   # extra_buffer + speculative: not yet (options.py)
     set_active(opts)
     if opts is not None:
-        from .hooks import ensure_engine_hooks
-
         ensure_engine_hooks()  # this process parsed the flags after load_plugins() (e.g. bench_one_batch)
     server_args = original(cls, args)
     if opts is not None:

@@ -28,7 +28,7 @@ def sglang_plugins_loaded():
 
     load_plugins()
     LOADED_WITHOUT_OPTIONS.update(HookRegistry._patched)
-    from sglang_replayssm.sglang_plugin.hooks import ensure_engine_hooks
+    from sglang_replayssm.sglang_plugin.engine_hooks import ensure_engine_hooks
 
     ensure_engine_hooks()  # what the flag parser does once ReplaySSM is asked for in this process
     yield

@@ -35,7 +35,8 @@ def test_entry_point_is_discovered():
 
 
 def test_only_flag_hooks_without_replayssm():
-    from sglang_replayssm.sglang_plugin.hooks import cli_table, engine_table
+    from sglang_replayssm.sglang_plugin.engine_hooks import engine_table
+    from sglang_replayssm.sglang_plugin.hooks import cli_table
 
     from .conftest import LOADED_WITHOUT_OPTIONS
 
