@@ -3,20 +3,20 @@
 With a key set, every route but OPEN_PATHS answers 401 with an OpenAI-style error body unless the
 request carries the key; /health and /metrics stay open for supervisors and Prometheus. The key is
 compared in constant time. Used by the native server (an ASGI middleware, so it covers every route,
-streaming ones included, without touching the response) and by the Ray router's ingress (`check`).
-Standard library only.
+streaming ones included, without touching the response) and by the Ray router's ingress (`authorized`).
+Standard library only (and `sglang_replayssm.http_errors` for the error body).
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 from typing import Optional
 
+from sglang_replayssm.http_errors import error_json
+
 OPEN_PATHS = ("/health", "/metrics")
-UNAUTHORIZED = {"error": {"message": "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
-                          "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
-UNAUTHORIZED_BODY = json.dumps(UNAUTHORIZED).encode()
+UNAUTHORIZED_BODY = error_json(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
+                               code="invalid_api_key").encode()
 CHALLENGE = (b"www-authenticate", b"Bearer")
 
 

@@ -13,14 +13,16 @@ loopback, because its own host name now resolves to 127.0.0.1. So, for every HTT
   clients send `application/json` or nothing.
 
 `problem(method, headers, loopback)` is the check; `BrowserGuardMiddleware` applies it to every route of
-the native server; the Ray router calls `problem` on its request routes. Standard library only.
+the native server; the Ray router calls `problem` on its request routes. Standard library only (and
+`sglang_replayssm.http_errors` for the error body).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Iterable, Optional, Tuple
 from urllib.parse import urlsplit
+
+from sglang_replayssm.http_errors import error_json
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 BROWSER_FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
@@ -57,11 +59,6 @@ def problem(method: str, headers: Iterable[Tuple[str, str]], loopback: bool) -> 
     return None
 
 
-def error_body(status: int, param: str, message: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                 "code": status}}).encode()
-
-
 class BrowserGuardMiddleware:
     """Pure ASGI: the `problem` check on every HTTP request, before any route or body is read."""
 
@@ -76,7 +73,7 @@ class BrowserGuardMiddleware:
         if refused is None:
             return await self.app(scope, receive, send)
         status, param, message = refused
-        body = error_body(status, param, message)
+        body = error_json(status, message, param).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

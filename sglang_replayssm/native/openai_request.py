@@ -1,12 +1,14 @@
 """OpenAI request parsing for the native server: every field of a completions or chat body checked
 before it reaches the engine. A bad value is a `BadRequest` (400) whose message starts with the field
-and whose `param` names it; `error_response` is the one JSON error shape every route answers with."""
+and whose `param` names it; `error_response` answers with the one error body (`sglang_replayssm.http_errors`)."""
 
 from __future__ import annotations
 
 import math
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
+
+from sglang_replayssm.http_errors import error_json
 
 from .sampling import MAX_N, MAX_TOP_LOGPROBS, SEED_RANGE
 
@@ -24,10 +26,8 @@ def engine_error(ev: dict) -> BadRequest:
     return BadRequest(ev["error"], param, status=ev["status"])
 
 
-def error_response(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
+def error_response(message: str, status: int = 400, param: str | None = None) -> Response:
+    return Response(error_json(status, message, param), status_code=status, media_type="application/json")
 
 
 SEED_MIN, SEED_MAX = SEED_RANGE   # int64 and uint64 seeds; negative ones are taken mod 2^64

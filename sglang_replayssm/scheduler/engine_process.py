@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import List, Optional, Sequence
+from typing import Sequence
 
 ENGINES = ("native", "sglang")
 
@@ -33,7 +33,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def api_key_from_argv(argv: Sequence[str]) -> Optional[str]:
+def api_key_from_argv(argv: Sequence[str]) -> str | None:
     """The value of the last `--api-key K` / `--api-key=K` in an engine's arguments, or None."""
     key = None
     for i, a in enumerate(argv):
@@ -44,7 +44,7 @@ def api_key_from_argv(argv: Sequence[str]) -> Optional[str]:
     return key
 
 
-def engine_command(engine: str, port: int, engine_argv: Sequence[str], host: str = "127.0.0.1") -> List[str]:
+def engine_command(engine: str, port: int, engine_argv: Sequence[str], host: str = "127.0.0.1") -> list[str]:
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
     for flag in ("--host", "--port", "--engine", "--replicas", "--ray-address"):
@@ -58,15 +58,15 @@ class EngineProcess:
     """One engine (in its own process group, under engine_guard); `url` once `start()` returned."""
 
     def __init__(self, engine: str, engine_argv: Sequence[str], startup_timeout_s: float = 600.0,
-                 log_path: Optional[str] = None, env: Optional[dict] = None):
+                 log_path: str | None = None, env: dict | None = None):
         self.engine = engine
         self.engine_argv = list(engine_argv)
         self.startup_timeout_s = startup_timeout_s
         self.log_path = log_path
         self.env = env
-        self.port: Optional[int] = None
-        self.pgid: Optional[int] = None
-        self._lifeline: Optional[int] = None  # write end of the guard's lifeline pipe
+        self.port: int | None = None
+        self.pgid: int | None = None
+        self._lifeline: int | None = None  # write end of the guard's lifeline pipe
 
     @property
     def url(self) -> str:

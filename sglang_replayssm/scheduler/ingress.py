@@ -16,10 +16,8 @@ clients get the chunks assembled), which gives one code path for metrics and fai
 
 A bad request is that request's error, never a replica failure: the router answers what it can
 check itself (a body that is not a JSON object, NaN / Infinity or a lone surrogate anywhere, the
-type of the fields it reads) with a 400 naming the field; an engine's 4xx is passed through, and an
-engine's 500 for one request is that request's 500; neither is re-sent. Only a dead replica or
-engine (actor died, stream cut, transport error, engine 502/503/504) is retried. Clients get short
-messages; tracebacks and replica details go to the router's log.
+type of the fields it reads) with a 400 naming the field; what an engine's error answer or a failed
+attempt means (this request's final error, or a replica failure retried elsewhere) is failures.py.
 """
 
 import asyncio
@@ -27,19 +25,20 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
+from ..http_errors import error_json
 from ..json_checks import field_of, find_invalid
 from ..native.auth import UNAUTHORIZED_BODY, authorized
 from ..native.browser_guard import problem
 from ..native.openai_response import merged_logprobs
+from .failures import FinalError, ReplicaFailure, is_replica_failure, raise_engine_error, short
 from .metrics import RouterMetrics
 from .policy import PolicyConfig
 from .resume import SGLANG_COMPLETION_MAX_TOKENS, max_tokens_of
@@ -48,76 +47,10 @@ from . import state as _state  # module reference: Serve pickles the ingress cla
 app = FastAPI(title="sglang-replayssm router", docs_url=None, redoc_url=None, openapi_url=None)
 logger = logging.getLogger("ray.serve")
 
-REPLICA_DOWN_STATUSES = (502, 503, 504)   # an engine that is not serving, not a bad request
-MESSAGE_CHARS = 300                       # longest engine message passed on to a client
-HEALTH_TIMEOUT_S = 3.0                    # /health: how long a replica may take to answer `ready`
+HEALTH_TIMEOUT_S = 3.0   # /health: how long a replica may take to answer `ready`
 
 
-class _FinalError(Exception):
-    """The request's answer is this error, `status` with the JSON `body`, never retried: its own
-    error (an engine 4xx, an engine 500 for it alone, a replica raising on its content) or the
-    last of --max-retries replica failures."""
-
-    def __init__(self, status: int, body: str):
-        super().__init__(body)
-        self.status = status
-        self.body = body
-
-
-class _ReplicaFailure(Exception):
-    """The replica or its engine is down (answered 502/503/504, cut the stream): retry elsewhere."""
-
-
-def _error_body(status: int, message: str, param: Optional[str] = None) -> str:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
-
-
-def _engine_message(body: Any) -> str:
-    """The first line of an engine's error message (a JSON body or an SSE error object), short."""
-    err: Any = body
-    if isinstance(body, str):
-        try:
-            err = json.loads(body)
-        except ValueError:
-            err = body
-    if isinstance(err, dict):
-        err = err.get("error", err)
-        err = err.get("message", "") if isinstance(err, dict) else err
-    text = str(err).strip().splitlines()[0] if str(err).strip() else "engine error"
-    return text[:MESSAGE_CHARS]
-
-
-def _passed_through(status: int, body: str) -> str:
-    """An engine's 4xx body as the client gets it: verbatim when it is a JSON object, else wrapped."""
-    try:
-        if isinstance(json.loads(body), dict):
-            return body
-    except ValueError:
-        pass
-    return _error_body(status, _engine_message(body))
-
-
-def _is_replica_failure(e: BaseException) -> bool:
-    """A replica or engine that died or cannot be reached, as opposed to one that raised on this
-    request's content (a RayTaskError of any other cause): only the former is retried."""
-    if isinstance(e, _ReplicaFailure):
-        return True
-    if isinstance(e, RayTaskError):
-        cause = getattr(e, "cause", None)
-        down = (httpx.TransportError, ConnectionError, RayActorError, asyncio.CancelledError)
-        return isinstance(cause, down) or type(cause).__name__ == "EngineStreamCut"
-    return True   # actor died / unavailable, Serve's own errors: the replica, not the request
-
-
-def _short(e: BaseException) -> str:
-    """What a log line says about an exception (a RayTaskError's cause, not its traceback)."""
-    cause = getattr(e, "cause", None) if isinstance(e, RayTaskError) else None
-    e = cause or e
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
-
-
-def routing_key(kind: str, body: Dict[str, Any]) -> str:
+def routing_key(kind: str, body: dict[str, Any]) -> str:
     """The text the prefix tree is keyed by: the prompt, or the rendered chat messages."""
     if kind == "completions":
         p = body.get("prompt", "")
@@ -145,7 +78,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _delta_text(kind: str, chunk: Dict[str, Any]) -> Tuple[str, Optional[str]]:
+def _delta_text(kind: str, chunk: dict[str, Any]) -> tuple[str, str | None]:
     text, finish = "", None
     for c in chunk.get("choices") or ():
         if kind == "completions":
@@ -159,8 +92,8 @@ def _delta_text(kind: str, chunk: Dict[str, Any]) -> Tuple[str, Optional[str]]:
 
 @serve.ingress(app)
 class RouterIngress:
-    def __init__(self, engine_handle, policy: Optional[Dict[str, Any]] = None, max_retries: int = 3,
-                 api_key: Optional[str] = None, loopback: bool = True):
+    def __init__(self, engine_handle, policy: dict[str, Any] | None = None, max_retries: int = 3,
+                 api_key: str | None = None, loopback: bool = True):
         self.loopback = loopback   # bound to loopback: refuse Host names that are not (browser_guard.py)
         _state.STATE.configure(PolicyConfig(**(policy or {})))
         self.engine = engine_handle.options(stream=True)
@@ -169,7 +102,7 @@ class RouterIngress:
         self.api_key = api_key
         self.metrics = RouterMetrics(_state.STATE)
 
-    def _refused(self, request: Request, endpoint: Optional[str] = None) -> Optional[Response]:
+    def _refused(self, request: Request, endpoint: str | None = None) -> Response | None:
         """A 421/403/415 for what a browser page may not send (browser_guard.py), a 401 when --api-key is
         set and the request does not carry it (either counted as a client error of `endpoint`), else None."""
         refused = problem(request.method, request.headers.items(), self.loopback)
@@ -179,7 +112,7 @@ class RouterIngress:
             self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
         if refused is not None:
             status, param, message = refused
-            return Response(_error_body(status, message, param), status_code=status, media_type="application/json")
+            return Response(error_json(status, message, param), status_code=status, media_type="application/json")
         return Response(UNAUTHORIZED_BODY, status_code=401, media_type="application/json",
                         headers={"www-authenticate": "Bearer"})
 
@@ -190,7 +123,7 @@ class RouterIngress:
         try:
             ready = await asyncio.wait_for(self.engine_unary.ready.remote(), HEALTH_TIMEOUT_S)
         except Exception as e:   # noqa: BLE001 - no replica yet (timeout), or one that is going away
-            logger.info("router: /health: no engine replica answered (%s)", _short(e))
+            logger.info("router: /health: no engine replica answered (%s)", short(e))
             ready = False
         if not ready:
             return Response(json.dumps({"status": "no engine replica is ready"}), status_code=503,
@@ -226,11 +159,11 @@ class RouterIngress:
         err = self._validate(kind, body)
         if err:
             return self._client_error(endpoint, 400, err[1], err[0])
-        route_info: Dict[str, Any] = {}
+        route_info: dict[str, Any] = {}
         events = self._events(kind, body, route_info)
         try:
             first = await events.__anext__()
-        except _FinalError as e:
+        except FinalError as e:
             outcome = "client_error" if e.status < 500 else "error"
             self.metrics.requests.labels(endpoint=endpoint, outcome=outcome).inc()
             return Response(e.body, status_code=e.status, media_type="application/json")
@@ -246,28 +179,18 @@ class RouterIngress:
                                      headers=headers)
         return await self._collect(kind, body, first, events)
 
-    @staticmethod
-    def _engine_error(status: int, body: Any) -> None:
-        """Raise what an engine's error answer means: the replica is down (retry) or this request failed."""
-        if status in REPLICA_DOWN_STATUSES:
-            raise _ReplicaFailure(f"engine answered {status}: {_engine_message(body)}")
-        if status < 500:
-            raise _FinalError(status, _passed_through(status, body) if isinstance(body, str)
-                              else _error_body(status, _engine_message(body)))
-        raise _FinalError(status, _error_body(status, _engine_message(body)))
-
-    def _client_error(self, endpoint: str, status: int, message: str, param: Optional[str] = None):
+    def _client_error(self, endpoint: str, status: int, message: str, param: str | None = None):
         self.metrics.requests.labels(endpoint=endpoint, outcome="client_error").inc()
-        return Response(_error_body(status, message, param), status_code=status, media_type="application/json")
+        return Response(error_json(status, message, param), status_code=status, media_type="application/json")
 
     @staticmethod
     def _server_error_body(e: BaseException) -> str:
         """A 502 body for an unexpected exception: logged here, not shown to the client."""
         logger.error("router: request failed unexpectedly", exc_info=e)
-        return _error_body(502, "the router failed to serve this request (details in the router log)")
+        return error_json(502, "the router failed to serve this request (details in the router log)")
 
     @staticmethod
-    def _validate(kind: str, body: Any) -> Optional[Tuple[str, str]]:
+    def _validate(kind: str, body: Any) -> tuple[str, str] | None:
         """(field, message) of the first problem the router itself can see, or None."""
         if not isinstance(body, dict):
             return None, "request body must be a JSON object"
@@ -293,8 +216,8 @@ class RouterIngress:
                 return k, f"{k}: must be >= 1"
         return None
 
-    async def _events(self, kind: str, body: Dict[str, Any], route_info: Dict[str, Any]) -> AsyncIterator[Tuple[str, Any]]:
-        """Yield ('chunk', rewritten_chunk) ... ('end', info); raise _FinalError for a final error answer.
+    async def _events(self, kind: str, body: dict[str, Any], route_info: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:
+        """Yield ('chunk', rewritten_chunk) ... ('end', info); raise FinalError for a final error answer.
 
         route_info gets the first replica and routing decision as soon as they are known."""
         start = time.monotonic()
@@ -302,15 +225,15 @@ class RouterIngress:
         route_id = uuid.uuid4().hex
         sent_text, sent_tokens, sent_ids = "", 0, []
         exact = False   # the replica resumes from token ids (its usage then counts every attempt)
-        exclude: List[str] = []
-        replicas: List[str] = []
+        exclude: list[str] = []
+        replicas: list[str] = []
         decision = None
         stream_id = created = None
         last_tok = None
         retries = 0
         finish = None
         usage = None
-        logprobs: List[Dict[str, Any]] = []   # each chunk's logprobs object, for a non-streamed answer
+        logprobs: list[dict[str, Any]] = []   # each chunk's logprobs object, for a non-streamed answer
         model = body.get("model")
         max_tokens = max_tokens_of(body)
         if max_tokens is None and kind == "completions":   # every engine's default for a completion
@@ -351,13 +274,13 @@ class RouterIngress:
                             route_info.setdefault("route", decision)
                             _state.STATE.served(route_key, replica)
                         elif typ == "error":   # the engine answered with an HTTP error
-                            self._engine_error(ev["status"], ev["body"])
+                            raise_engine_error(ev["status"], ev["body"])
                         elif typ == "chunk":
                             chunk = ev["data"]
                             if "error" in chunk and not chunk.get("choices"):   # an SSE error event
                                 err = chunk["error"]
                                 code = err.get("code") if isinstance(err, dict) else None
-                                self._engine_error(code if isinstance(code, int) else 503, err)
+                                raise_engine_error(code if isinstance(code, int) else 503, err)
                             text, fin = _delta_text(kind, chunk)
                             if chunk.get("usage") and not chunk.get("choices"):
                                 usage = chunk["usage"]
@@ -399,9 +322,9 @@ class RouterIngress:
                         elif typ == "done":
                             finished = True
                     if not finished:
-                        raise _ReplicaFailure("replica stream ended without an end marker")
+                        raise ReplicaFailure("replica stream ended without an end marker")
                     break
-                except _FinalError:
+                except FinalError:
                     raise
                 except (asyncio.CancelledError, GeneratorExit, RequestCancelledError):
                     raise  # the client went away: nothing to retry
@@ -409,21 +332,21 @@ class RouterIngress:
                     cause = getattr(e, "cause", None) if isinstance(e, RayTaskError) else None
                     if type(cause).__name__ == "ResumeError":
                         logger.error("router: request %s cannot be resumed: %s", route_id, cause)
-                        raise _FinalError(502, _error_body(502, "the replica serving this request failed and "
+                        raise FinalError(502, error_json(502, "the replica serving this request failed and "
                                                                 f"it cannot be resumed elsewhere: {cause}")) from None
-                    if not _is_replica_failure(e):   # the replica raised on this request's content
+                    if not is_replica_failure(e):   # the replica raised on this request's content
                         logger.error("router: replica %s failed request %s; not retried", replica, route_id,
                                      exc_info=e)
-                        raise _FinalError(500, _error_body(500, "the replica failed this request")) from None
+                        raise FinalError(500, error_json(500, "the replica failed this request")) from None
                     retries += 1
                     kind_label = "stream_resume" if sent_tokens else "restart"
                     self.metrics.retries.labels(kind=kind_label).inc()
                     logger.warning("router: attempt %d of request %s failed on replica %s (%s)", retries,
-                                   route_id, replica, _short(e))
+                                   route_id, replica, short(e))
                     if replica is not None:
                         exclude.append(replica)
                     if retries > self.max_retries:
-                        raise _FinalError(502, _error_body(
+                        raise FinalError(502, error_json(
                             502, f"no replica could serve the request ({retries} attempts failed)")) from None
                     usage = None
                     await asyncio.sleep(min(0.05 * retries, 0.5))
@@ -471,7 +394,7 @@ class RouterIngress:
         except (asyncio.CancelledError, GeneratorExit, RequestCancelledError):
             outcome = "cancelled"
             raise
-        except _FinalError as e:   # after the stream began: an error event, and no [DONE]
+        except FinalError as e:   # after the stream began: an error event, and no [DONE]
             outcome = "client_error" if e.status < 500 else "error"
             yield b"data: " + e.body.encode() + b"\n\n"
         except Exception as e:   # noqa: BLE001
@@ -491,7 +414,7 @@ class RouterIngress:
                     ev = await events.__anext__()
                 except StopAsyncIteration:
                     ev = None
-        except _FinalError as e:
+        except FinalError as e:
             self.metrics.requests.labels(endpoint=endpoint, outcome="client_error" if e.status < 500 else "error").inc()
             return Response(e.body, status_code=e.status, media_type="application/json")
         except Exception as e:   # noqa: BLE001

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Sequence
 
 POLICIES = ("pack", "spread")
 SPILLS = ("least_loaded", "power_of_two")
@@ -44,7 +44,7 @@ DEFAULT_TARGET_BATCH = 32   # target batch of a replica that reports no total_sl
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
     policy: str = "pack"
-    target_batch: Optional[int] = None   # pack each replica up to this many requests (None: its slots)
+    target_batch: int | None = None   # pack each replica up to this many requests (None: its slots)
     imbalance_threshold: int = 8    # affinity replica overloaded when load - min_load >= this ...
     min_prefix_chars: int = 32      # ... shorter matches are not worth affinity
     spill: str = "least_loaded"
@@ -69,13 +69,13 @@ class PolicyConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    ranked: List[str]        # replica ids, most preferred first (all candidates appear once)
+    ranked: list[str]        # replica ids, most preferred first (all candidates appear once)
     decision: str            # one of DECISIONS
     matched_chars: int = 0   # prefix length held by the affinity replica (0: none)
-    affinity: Optional[str] = None  # the replica holding the longest prefix, if any
+    affinity: str | None = None  # the replica holding the longest prefix, if any
 
 
-def target_batch(cfg: PolicyConfig, slots: Optional[int]) -> int:
+def target_batch(cfg: PolicyConfig, slots: int | None) -> int:
     """A replica's target batch: cfg.target_batch, else its slot count, else DEFAULT_TARGET_BATCH."""
     if cfg.target_batch is not None:
         return cfg.target_batch
@@ -84,9 +84,9 @@ def target_batch(cfg: PolicyConfig, slots: Optional[int]) -> int:
     return DEFAULT_TARGET_BATCH
 
 
-def choose(loads: Dict[str, int], matches: Dict[str, int], cfg: PolicyConfig,
-           order: Optional[Sequence[str]] = None, rng: Optional[random.Random] = None,
-           slots: Optional[Dict[str, int]] = None) -> Choice:
+def choose(loads: dict[str, int], matches: dict[str, int], cfg: PolicyConfig,
+           order: Sequence[str] | None = None, rng: random.Random | None = None,
+           slots: dict[str, int] | None = None) -> Choice:
     """Rank the candidate replicas (keys of `loads`) for one request.
 
     loads: replica -> requests in flight; matches: replica -> matched prefix characters;
@@ -100,7 +100,7 @@ def choose(loads: Dict[str, int], matches: Dict[str, int], cfg: PolicyConfig,
     order = [r for r in order if r in loads] + sorted(r for r in loads if r not in set(order))
     pos = {r: i for i, r in enumerate(order)}
 
-    def load_rank(exclude: Optional[str] = None) -> Tuple[List[str], str]:
+    def load_rank(exclude: str | None = None) -> tuple[list[str], str]:
         rest = [r for r in order if r != exclude]
         if not rest:
             return [], SPILL

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Iterable, Sequence
 
 BLOCK_CHARS = 16          # the default block size (engines report with it; see PolicyConfig.block_chars)
 HASH_HEX = 16             # hex digits of a block hash kept (64 bits: collisions only cost a cache miss)
 MAX_REPORTED_BLOCKS = 512  # an engine reports at most this many blocks (8192 characters) per prefix
 
 
-def block_hashes(text: str, block_chars: int = BLOCK_CHARS, max_blocks: Optional[int] = None) -> List[str]:
+def block_hashes(text: str, block_chars: int = BLOCK_CHARS, max_blocks: int | None = None) -> list[str]:
     """Chained hashes of the full `block_chars`-character blocks of `text` (a shorter tail is dropped):
     entry i is the first HASH_HEX hex digits of sha256(digest_{i-1} + UTF-8 of block i)."""
-    out: List[str] = []
+    out: list[str] = []
     digest = b""
     stop = len(text) - block_chars + 1
     if max_blocks is not None:
@@ -43,9 +43,9 @@ def block_hashes(text: str, block_chars: int = BLOCK_CHARS, max_blocks: Optional
 class _Node:
     __slots__ = ("children", "replicas", "parent", "key")
 
-    def __init__(self, parent: Optional["_Node"], key: str):
-        self.children: Dict[str, _Node] = {}
-        self.replicas: Dict[str, float] = {}  # replica id -> last use (monotonic seconds)
+    def __init__(self, parent: "_Node" | None, key: str):
+        self.children: dict[str, _Node] = {}
+        self.replicas: dict[str, float] = {}  # replica id -> last use (monotonic seconds)
         self.parent = parent
         self.key = key
 
@@ -71,7 +71,7 @@ class PrefixTree:
     def __len__(self) -> int:
         return self._num_nodes
 
-    def hashes(self, text: str) -> List[str]:
+    def hashes(self, text: str) -> list[str]:
         return block_hashes(text, self.block_chars)
 
     def insert(self, text: str, replica: str) -> None:
@@ -93,16 +93,16 @@ class PrefixTree:
         if self._num_nodes > self.max_nodes:
             self._evict(self._num_nodes - int(self.max_nodes * 0.9))
 
-    def match(self, text: str, replicas: Optional[Iterable[str]] = None) -> Dict[str, int]:
+    def match(self, text: str, replicas: Iterable[str] | None = None) -> dict[str, int]:
         """Characters of `text` each replica holds as a prefix: {replica: matched_chars}.
 
         Only replicas in `replicas` (when given) are reported; replicas with no match are absent.
         """
         return self.match_hashes(self.hashes(text), replicas)
 
-    def match_hashes(self, hashes: Sequence[str], replicas: Optional[Iterable[str]] = None) -> Dict[str, int]:
+    def match_hashes(self, hashes: Sequence[str], replicas: Iterable[str] | None = None) -> dict[str, int]:
         wanted = None if replicas is None else set(replicas)
-        out: Dict[str, int] = {}
+        out: dict[str, int] = {}
         node = self._root
         depth = 0
         now = self._clock()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator
 
 import httpx
 from ray import serve
@@ -48,8 +48,8 @@ class EngineStreamCut(RuntimeError):
 
 
 class EngineReplica:
-    def __init__(self, engine: str = "native", engine_argv: Optional[List[str]] = None,
-                 startup_timeout_s: float = 600.0, log_dir: Optional[str] = None):
+    def __init__(self, engine: str = "native", engine_argv: list[str] | None = None,
+                 startup_timeout_s: float = 600.0, log_dir: str | None = None):
         ctx = serve.get_replica_context()
         self.replica_id = ctx.replica_id.unique_id
         log_path = None
@@ -58,9 +58,9 @@ class EngineReplica:
             log_path = os.path.join(log_dir, f"engine-{self.replica_id}.log")
         env = dict(os.environ, SGLANG_REPLAYSSM_REPLICA=self.replica_id)  # names the engine's processes
         self.engine = EngineProcess(engine, engine_argv or [], startup_timeout_s, log_path, env=env).start()
-        self._client: Optional[httpx.AsyncClient] = None
-        self._load: Dict[str, Any] = {}
-        self._engine_samples: List[list] = []
+        self._client: httpx.AsyncClient | None = None
+        self._load: dict[str, Any] = {}
+        self._engine_samples: list[list] = []
         self._seq = 0
         self._load_routes = list(LOAD_ROUTES)   # those the engine has not answered 404 to
         self._inflight = 0
@@ -88,7 +88,7 @@ class EngineReplica:
     async def _poll_engine(self) -> None:
         """Refresh the engine's load report and its Prometheus samples."""
         client = self._http()
-        load: Dict[str, Any] = {}
+        load: dict[str, Any] = {}
         for route in list(self._load_routes):
             try:
                 r = await client.get(route, params={"include": "core"} if route == "/v1/loads" else None,
@@ -118,7 +118,7 @@ class EngineReplica:
         self._seq += 1
 
     # -- Serve hooks ------------------------------------------------------------------------
-    async def record_routing_stats(self) -> Dict[str, Any]:
+    async def record_routing_stats(self) -> dict[str, Any]:
         """Called by the Serve controller every request_routing_stats_period_s."""
         await self._poll_engine()
         stats = dict(self._load)
@@ -146,12 +146,12 @@ class EngineReplica:
         """Whether this replica's engine process runs (the router's /health asks one replica)."""
         return self.engine.alive()
 
-    async def models(self) -> Dict[str, Any]:
+    async def models(self) -> dict[str, Any]:
         r = await self._http().get("/v1/models", timeout=30.0)
         r.raise_for_status()
         return r.json()
 
-    async def generate(self, payload: Dict[str, Any]) -> AsyncIterator[Dict[str, Any]]:
+    async def generate(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream one OpenAI request (payload: path, kind, body, sent) through the engine."""
         client = self._http()
         body = attempt_body(payload["kind"], payload["body"], self.engine.engine, payload.get("sent"))
@@ -193,7 +193,7 @@ class EngineReplica:
             engine.stop()
 
 
-def sglang_load(report: Dict[str, Any]) -> Dict[str, Any]:
+def sglang_load(report: dict[str, Any]) -> dict[str, Any]:
     """SGLang's GET /v1/loads answer ({"loads": [{"num_running_reqs", "num_waiting_reqs",
     "max_running_requests", ...} per data-parallel rank]}) as our load report's fields."""
     ranks = [d for d in report.get("loads") or () if isinstance(d, dict)]
@@ -205,7 +205,7 @@ def sglang_load(report: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _chunk_text(chunk: Dict[str, Any]) -> str:
+def _chunk_text(chunk: dict[str, Any]) -> str:
     for c in chunk.get("choices") or ():
         if "text" in c and c["text"]:
             return c["text"]
@@ -215,11 +215,11 @@ def _chunk_text(chunk: Dict[str, Any]) -> str:
     return ""
 
 
-def parse_engine_metrics(text: str) -> List[list]:
+def parse_engine_metrics(text: str) -> list[list]:
     """The engine's `replayssm:` samples as [name, labels, value, type] rows (JSON-friendly)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    rows: List[list] = []
+    rows: list[list] = []
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith(ENGINE_METRIC_PREFIXES):
             continue

@@ -16,7 +16,6 @@ chosen replica to a different request and break affinity).
 from __future__ import annotations
 
 import logging
-from typing import List, Optional
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -33,9 +32,9 @@ class ReplaySSMRouter(RequestRouter):
 
     async def choose_replicas(
         self,
-        candidate_replicas: List[RunningReplica],
-        pending_request: Optional[PendingRequest] = None,
-    ) -> List[List[RunningReplica]]:
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
         if pending_request is not None:
             pending_request.routing_context.should_backoff = True
         try:
@@ -74,7 +73,7 @@ class ReplaySSMRouter(RequestRouter):
             st.choices[route_id] = choice
         return [[by_id[uid]] for uid in choice.ranked]
 
-    def update_replicas(self, replicas: List[RunningReplica]):
+    def update_replicas(self, replicas: list[RunningReplica]):
         super().update_replicas(replicas)
         alive = {r.replica_id.unique_id for r in replicas}
         for r in replicas:  # called on every controller broadcast, routing stats included

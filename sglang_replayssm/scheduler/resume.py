@@ -20,7 +20,7 @@ Every attempt is streamed (`stream: true`, usage in every chunk where the engine
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 EXACT_ENGINES = ("native",)          # engines whose chunks carry token ids (return_token_ids)
 SGLANG_COMPLETION_MAX_TOKENS = 16    # SGLang's (and OpenAI's) max_tokens of a completion that names none
@@ -30,7 +30,7 @@ class ResumeError(ValueError):
     """This request cannot be resumed on this engine (a token-id prompt without exact resume)."""
 
 
-def max_tokens_of(body: Dict[str, Any]) -> Optional[int]:
+def max_tokens_of(body: dict[str, Any]) -> int | None:
     """The request's token budget (checked an integer by the ingress), or None."""
     for k in ("max_tokens", "max_completion_tokens"):
         if body.get(k) is not None:
@@ -38,7 +38,7 @@ def max_tokens_of(body: Dict[str, Any]) -> Optional[int]:
     return None
 
 
-def attempt_body(kind: str, body: Dict[str, Any], engine: str, sent: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def attempt_body(kind: str, body: dict[str, Any], engine: str, sent: dict[str, Any] | None = None) -> dict[str, Any]:
     """The body to send to an `engine` replica. kind: "completions" | "chat"; sent: what earlier
     attempts delivered ({"text", "tokens", "token_ids"}), None or empty for the first attempt."""
     b = copy.deepcopy(body)
@@ -53,7 +53,7 @@ def attempt_body(kind: str, body: Dict[str, Any], engine: str, sent: Optional[Di
     if not sent or not (sent.get("tokens") or sent.get("text")):
         return b
     if exact:
-        ids: List[int] = list(sent.get("token_ids") or [])
+        ids: list[int] = list(sent.get("token_ids") or [])
         if len(ids) != sent.get("tokens"):
             raise ResumeError(f"{sent.get('tokens')} tokens delivered but {len(ids)} token ids known")
         b["replayssm_resume"] = {"token_ids": ids, "text_chars": len(sent.get("text") or "")}
@@ -61,7 +61,7 @@ def attempt_body(kind: str, body: Dict[str, Any], engine: str, sent: Optional[Di
     return _text_resume(kind, body, b, sent.get("text") or "", int(sent.get("tokens") or 0))
 
 
-def _text_resume(kind: str, body: Dict[str, Any], b: Dict[str, Any], text: str, tokens: int) -> Dict[str, Any]:
+def _text_resume(kind: str, body: dict[str, Any], b: dict[str, Any], text: str, tokens: int) -> dict[str, Any]:
     mt = max_tokens_of(body)
     if mt is None and kind == "completions":
         mt = SGLANG_COMPLETION_MAX_TOKENS

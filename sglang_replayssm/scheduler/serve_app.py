@@ -18,7 +18,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Sequence
 
 from ..native.browser_guard import LOOPBACK_HOSTS
 from . import loopback as loopback_mod
@@ -42,11 +42,11 @@ class SchedulerError(RuntimeError):
 @dataclasses.dataclass
 class SchedulerOptions:
     replicas: int = 1
-    ray_address: Optional[str] = None
+    ray_address: str | None = None
     host: str = "127.0.0.1"
     port: int = 30000
     engine: str = "native"
-    engine_argv: List[str] = dataclasses.field(default_factory=list)
+    engine_argv: list[str] = dataclasses.field(default_factory=list)
     replica_num_cpus: float = 1.0
     replica_num_gpus: float = 0.0
     replica_max_ongoing: int = 256
@@ -56,13 +56,13 @@ class SchedulerOptions:
     stats_period_s: float = 1.0
     startup_timeout_s: float = 900.0
     max_retries: int = 3
-    log_dir: Optional[str] = None
-    ray_metrics_port: Optional[int] = None
+    log_dir: str | None = None
+    ray_metrics_port: int | None = None
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     # Serve request router class; benchmarks swap in Serve's stock power-of-two router as a baseline
     request_router_class: str = ROUTER_CLASS
     # --api-key: the router's /v1 routes need `Authorization: Bearer <key>`; every engine gets --api-key too
-    api_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    api_key: str | None = dataclasses.field(default=None, repr=False)
 
     def validate(self) -> "SchedulerOptions":
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
@@ -185,7 +185,7 @@ def check_port_free(host: str, port: int) -> None:
             raise SchedulerError("--host", f"cannot listen on {host}:{port} ({e.strerror or e})") from None
 
 
-def _tcp_reachable(host: str, port: int, timeout: float = 3.0) -> Optional[str]:
+def _tcp_reachable(host: str, port: int, timeout: float = 3.0) -> str | None:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return None
@@ -212,7 +212,7 @@ def connect_ray(opts: SchedulerOptions):
     if ray.is_initialized():
         return
     if addr in (None, "", "local"):
-        kw: Dict[str, Any] = dict(address="local", include_dashboard=False, log_to_driver=False)
+        kw: dict[str, Any] = dict(address="local", include_dashboard=False, log_to_driver=False)
         if loopback:
             kw["_node_ip_address"] = "127.0.0.1"
             kw["runtime_env"] = {"worker_process_setup_hook": loopback_mod.HOOK}
@@ -288,7 +288,7 @@ def build_app(opts: SchedulerOptions):
     return router
 
 
-def app_builder(args: Dict[str, Any]):
+def app_builder(args: dict[str, Any]):
     """Serve application builder for config files (`import_path:
     sglang_replayssm.scheduler.serve_app:app_builder`, e.g. KubeRay's serveConfigV2). `args` are the
     SchedulerOptions fields (replicas, engine, engine_argv, replica_num_gpus, ...) plus the policy
@@ -370,7 +370,7 @@ def launch_replicas(args: Any) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry (`python -m sglang_replayssm.scheduler`): same flags as launch.py --replicas."""
     p = argparse.ArgumentParser(prog="python -m sglang_replayssm.scheduler")
     add_scheduler_args(p, include_common=True)

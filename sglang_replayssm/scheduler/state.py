@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
 
 from .policy import Choice, PolicyConfig
 from .prefix_tree import PrefixTree
@@ -23,7 +22,7 @@ EARLY_COMPLETION_MAX = 8192
 
 
 class RouterState:
-    def __init__(self, cfg: Optional[PolicyConfig] = None):
+    def __init__(self, cfg: PolicyConfig | None = None):
         self.lock = threading.Lock()
         self.configure(cfg or PolicyConfig())
 
@@ -35,18 +34,18 @@ class RouterState:
         with self.lock:
             self.cfg = cfg.validate()
             self.tree = PrefixTree(block_chars=cfg.block_chars)
-            self.inflight: Dict[str, int] = {}           # replica -> requests this router sent, not done
+            self.inflight: dict[str, int] = {}           # replica -> requests this router sent, not done
             self.open_requests: set = set()               # (serve internal request id, replica) counted in inflight
-            self.early_completions: Dict[Tuple[str, str], float] = {}  # completed before routed: time seen
-            self.choices: Dict[str, Choice] = {}          # route id -> last policy choice
-            self.routed: Dict[str, str] = {}              # route id -> replica it went to
-            self.stats: Dict[str, dict] = {}              # replica -> last reported stats
-            self.stats_time: Dict[str, float] = {}
-            self.seen_replicas: List[str] = []            # first-seen order: the packing tie-break
-            self.applied_prefix_reports: Dict[str, int] = {}
+            self.early_completions: dict[tuple[str, str], float] = {}  # completed before routed: time seen
+            self.choices: dict[str, Choice] = {}          # route id -> last policy choice
+            self.routed: dict[str, str] = {}              # route id -> replica it went to
+            self.stats: dict[str, dict] = {}              # replica -> last reported stats
+            self.stats_time: dict[str, float] = {}
+            self.seen_replicas: list[str] = []            # first-seen order: the packing tie-break
+            self.applied_prefix_reports: dict[str, int] = {}
 
     # -- load -------------------------------------------------------------------------------
-    def load(self, replica: str, serve_queue_len: Optional[int] = None) -> int:
+    def load(self, replica: str, serve_queue_len: int | None = None) -> int:
         """Requests in flight on `replica`: the larger of this router's own count and Serve's
         queue-length cache (probed from the replica, so it includes other routers' requests).
         Engine-reported running/waiting arrive late (stats period + controller broadcast) and are
@@ -94,7 +93,7 @@ class RouterState:
                         self.tree.insert_hashes(hashes, replica)
 
     # -- request lifecycle ---------------------------------------------------------------------
-    def routed_to(self, route_id: Optional[str], internal_id: Optional[str], replica: str) -> None:
+    def routed_to(self, route_id: str | None, internal_id: str | None, replica: str) -> None:
         with self.lock:
             if route_id:
                 self.routed[route_id] = replica
