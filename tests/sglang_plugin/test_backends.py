@@ -18,6 +18,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang_replayssm.accounting import StateSizes
+from sglang_replayssm.native.traffic import account_verify
 from sglang_replayssm.reference import gdn as ref_gdn
 from sglang_replayssm.reference import kda as ref_kda
 from sglang_replayssm.reference import mamba2 as ref_m2
@@ -173,12 +175,23 @@ def test_mamba2_prefill_decode_verify_commit_match_conventional(ops):
         names = ("replayssm:accepted_records_total", "replayssm:rollbacks_total", "replayssm:flushes_total",
                  "replayssm:nonflush_steps_total")
         counts = {n: _metric(n) for n in names}
+        bytes_before = {k: _metric(f"replayssm:{k}_total") for k in
+                        ("state_bytes_read", "state_bytes_written", "conventional_state_bytes")}
         _commit(req_pool, slots, accepted, T)
         pool.flush_metrics()   # the verify rows' fold count is a device counter, published with the decode ones
         delta = {n: _metric(n) - counts[n] for n in names}
         # cursor 1 + 2 accepted < W: no fold; 1 + 3 = W: that row folds
         assert delta == {"replayssm:accepted_records_total": 5, "replayssm:rollbacks_total": 1,
                          "replayssm:flushes_total": 1, "replayssm:nonflush_steps_total": 1}, delta
+        # its state bytes are what the native engine counts for the same rows (one accounting, accounting.py)
+        native = dict.fromkeys(["flushes", "nonflush_steps", "state_bytes_read", "state_bytes_written",
+                                "conventional_state_bytes", "accepted_records"], 0)
+        sizes = StateSizes.of(pool.replay, conventional_itemsize=cache.temporal.element_size())
+        account_verify(sizes, native, "replay", W, [1, 1], [2, 3], T)
+        assert {k: _metric(f"replayssm:{k}_total") - bytes_before[k] for k in bytes_before} == {
+            k: native[k] for k in bytes_before}
+        # r + w, 2 layers, 2 rows of T tokens, fp32 states
+        assert native["state_bytes_read"] > 0 and native["conventional_state_bytes"] == 2 * 2 * 2 * T * H * P * N * 4
         ref = torch.stack([states[1][0], states[2][1]])
         torch.testing.assert_close(pool.materialize(layer, slots), ref, **TOL)
         conv = pool.mamba_cache.conv[0]
