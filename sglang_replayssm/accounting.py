@@ -130,8 +130,8 @@ class StateSizes:
             rec = sum(t[0, 0, 0].numel() * t.element_size() for t in (pool.rec_d, pool.rec_k, pool.rec_g))
         H, Dv, Dk = pool.geo.state_shape
         ckpt = per(pool.ckpt)
-        return cls(ckpt=ckpt, read=rc or ckpt, rc=rc, record=rec, conventional_state=H * Dv * Dk * conventional_itemsize,
-                   layers=pool.num_layers)
+        return cls(ckpt=ckpt, read=rc or ckpt, rc=rc, record=rec,
+                   conventional_state=H * Dv * Dk * conventional_itemsize, layers=pool.num_layers)
 
 
 def decode_traffic(s: StateSizes, rows, flushes, records_read, conventional: bool = False) -> tuple:

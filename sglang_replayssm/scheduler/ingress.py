@@ -2,9 +2,11 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models,
 GET /health (200 only once a request can be routed: an engine replica answered within
-HEALTH_TIMEOUT_S; 503 before, e.g. while the replicas still start), GET /metrics. With `--api-key` the /v1 routes need `Authorization: Bearer <key>` (a 401
-otherwise, counted as outcome `client_error`); /health and /metrics stay open. Every request is streamed from the chosen engine replica (non-streaming
-clients get the chunks assembled), which gives one code path for metrics and failure handling:
+HEALTH_TIMEOUT_S; 503 before, e.g. while the replicas still start), GET /metrics. With `--api-key`
+the /v1 routes need `Authorization: Bearer <key>` (a 401 otherwise, counted as outcome
+`client_error`); /health and /metrics stay open. Every request is streamed from the chosen engine
+replica (non-streaming clients get the chunks assembled), which gives one code path for metrics and
+failure handling:
 
 * the replica is picked by the ReplaySSM request router (request_router.py, policy.py) from the
   payload's `route_key` (the prompt text);
