@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import gc
 import json
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from sglang_replayssm import accounting  # noqa: E402
 from sglang_replayssm.native.config import HybridConfig  # noqa: E402
-from sglang_replayssm.native.model import HybridModel, KVCache, random_weights  # noqa: E402
+from sglang_replayssm.native.model import ForwardContext, HybridModel, KVCache, random_weights  # noqa: E402
 from sglang_replayssm.native.ssm_ops import SSMOps  # noqa: E402
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
 
@@ -123,9 +124,13 @@ class NoSSMOps:
     def run(self, layer, slots, mode, inputs, T):
         return torch.zeros_like(inputs[self.out_like])
 
+    def forward_scope(self, mode, slots):
+        return contextlib.nullcontext()
+
 
 def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, kernels, seed=0, ops_options=None):
-    """Pool (mode: conventional | replay | replay-fp8), KV cache and SSM ops for `batch` sequences."""
+    """Pool (mode: conventional | replay | replay-fp8), KV cache and SSM ops for `batch` sequences (`ctx`: the
+    ForwardContext of the model's forward), and their slots."""
     pool_mode, read_copy = MODES[mode]
     geo = SSMGeometry(family=cfg.family, num_heads=cfg.ssm_heads, head_v_dim=cfg.ssm_head_v_dim,
                       head_k_dim=cfg.ssm_head_k_dim, num_k_heads=cfg.ssm_k_heads, conv_dim=cfg.conv_dim,
@@ -151,7 +156,8 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
     ops = NoSSMOps(cfg.family) if mode == "no-ssm" else SSMOps(cfg.family, pool, replay_verify=True, kernels=kernels,
                                                                **(ops_options or {}))
     idx = torch.tensor(slots, device=device)
-    return SimpleNamespace(pool=pool, kv=kv, ops=ops, slot_list=slots, slots=idx.to(torch.int32), slots_long=idx)
+    return SimpleNamespace(ctx=ForwardContext(pool, kv, ops), pool=pool, kv=kv, ops=ops, slot_list=slots,
+                           slots=idx.to(torch.int32), slots_long=idx)
 
 
 def ops_options(args, family: str) -> dict:
@@ -181,7 +187,7 @@ def decode_bench(cfg, model, batch, mode, args, device, timer):
     tokens = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
 
     def step():
-        logits = model.forward(tokens, pos, st.slots, "decode", st, args.context)
+        logits = model.forward(tokens, pos, st.slots, "decode", st.ctx, args.context)
         st.pool.advance(st.slots_long)
         tokens.copy_(logits[:, 0].argmax(-1, keepdim=True))
 
@@ -239,7 +245,7 @@ def verify_bench(cfg, model, batch, T, args, device, timer):
     accepted = [T] * batch
 
     def forward():   # device work only: capturable (begin_verify is host bookkeeping, done before)
-        model.forward(tokens, pos, st.slots, "verify", st, args.context).argmax(-1)
+        model.forward(tokens, pos, st.slots, "verify", st.ctx, args.context).argmax(-1)
 
     def commit():
         st.ops.commit(st.slot_list, accepted)
@@ -455,9 +461,9 @@ def count_kernels(names) -> dict:
                     st = make_state(cfg, model, 2, "replay", 16, T if mode == "verify" else 0, 32, "cpu", "reference")
                     stub_ssm_kernels(st.ops, cfg.family)
                     tokens, pos = torch.zeros(2, T, dtype=torch.long), torch.full((2,), 20)
-                    model.forward(tokens, pos, st.slots, mode, st, 20 + T)          # warm-up (RoPE tables)
+                    model.forward(tokens, pos, st.slots, mode, st.ctx, 20 + T)          # warm-up (RoPE tables)
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                        model.forward(tokens, pos, st.slots, mode, st, 20 + T)
+                        model.forward(tokens, pos, st.slots, mode, st.ctx, 20 + T)
                     c = _launches(prof)
                     ssm = c.pop("ssm::layer", 0)
                     triton_n = sum(v for k, v in c.items() if k.startswith("triton::"))

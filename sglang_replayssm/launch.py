@@ -161,10 +161,12 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
         parser.error(f"--max-request-bytes: must be >= 1024, got {ns.max_request_bytes}")
     if not (0 <= ns.drain_timeout < float("inf")):
         parser.error(f"--drain-timeout: must be a number of seconds >= 0, got {ns.drain_timeout}")
+    if not (ns.stats_log_interval >= 0 and ns.stats_log_interval < float("inf")):
+        parser.error(f"--stats-log-interval: must be a number of seconds >= 0, got {ns.stats_log_interval}")
     check_model_path(ns, parser)
     import torch
 
-    from .native.engine import EngineArgs
+    from .native.engine_args import EngineArgs
 
     device = ns.device
     if device == "auto":
@@ -180,32 +182,21 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     slots = ns.max_running_requests
     if slots is None:
         slots = 256 if dev.type == "cuda" else 8
-    for flag, value, lo in (("--max-running-requests", slots, 1), ("--context-length", ns.context_length, 2),
-                            ("--chunked-prefill-size", ns.chunked_prefill_size, 1),
-                            ("--speculative-num-draft-tokens", ns.speculative_num_draft_tokens, 0),
-                            ("--speculative-disable-by-batch-size", ns.speculative_disable_by_batch_size, 0)):
-        if value < lo:
-            parser.error(f"{flag}: must be >= {lo}, got {value}")
     cache = slots // 4 if ns.prefix_cache_entries is None else ns.prefix_cache_entries
-    if cache < 0:
-        parser.error(f"--prefix-cache-entries: must be >= 0, got {cache}")
-    if ns.served_model_name is not None and not ns.served_model_name.strip():
-        parser.error("--served-model-name: must not be empty")
-    if not (ns.stats_log_interval >= 0 and ns.stats_log_interval < float("inf")):
-        parser.error(f"--stats-log-interval: must be a number of seconds >= 0, got {ns.stats_log_interval}")
-    if ns.speculative_num_draft_tokens > 64:
-        parser.error("--speculative-num-draft-tokens: at most 64")
-    if ns.speculative_disable_by_batch_size and not ns.speculative_num_draft_tokens:
-        parser.error("--speculative-disable-by-batch-size: needs --speculative-num-draft-tokens > 0")
-    try:
-        opts = ReplaySSMOptions.from_args(ns)
-    except FlagError as e:
-        parser.error(str(e))
-    return EngineArgs(model_path=ns.model_path, device=device, dtype=ns.dtype, max_running_requests=slots,
+    args = EngineArgs(model_path=ns.model_path, device=device, dtype=ns.dtype, max_running_requests=slots,
                       max_model_len=ns.context_length, chunk_size=ns.chunked_prefill_size,
                       speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
-                      speculative_disable_by_batch_size=ns.speculative_disable_by_batch_size, replayssm=opts, seed=ns.seed,
+                      speculative_disable_by_batch_size=ns.speculative_disable_by_batch_size, seed=ns.seed,
                       prefix_cache_entries=cache, tokenizer=ns.tokenizer, served_model_name=ns.served_model_name)
+    try:
+        args.check()   # the engine's own check of its arguments (engine_args.py)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        args.replayssm = ReplaySSMOptions.from_args(ns)
+    except FlagError as e:
+        parser.error(str(e))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

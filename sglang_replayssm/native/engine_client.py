@@ -1,5 +1,6 @@
 """The native server's side of the engine process: starts it, sends it requests over pyzmq and routes
-its output events to the waiting requests (one asyncio queue per request).
+its output events to the waiting requests (one asyncio queue per request). What crosses to the engine
+process and back is messages.py's dataclasses.
 
 Prompts are tokenized here, in the front end, in a thread pool (`encode`): the engine gets token ids
 only, so a large prompt never stalls the engine loop (every other request's decoding) nor the event
@@ -23,8 +24,10 @@ import uuid
 import zmq
 import zmq.asyncio
 
-from .engine import EMBEDDED_PREFIX, EngineArgs
+from .engine_args import EngineArgs
 from .engine_process import run_engine
+from .messages import (CONTROL, Abort, AddRequest, Fatal, Message, Ready, Shutdown, StepOutput, decode, encode,
+                       error_event)
 from .openai_request import BadRequest
 from .tokenizer import ByteTokenizer, load_tokenizer
 
@@ -40,9 +43,8 @@ def front_end_tokenizer(args: EngineArgs):
     (engine.build_model), without the model."""
     from .config import HybridConfig, embedded_config
 
-    if not args.model_path or args.model_path.startswith(EMBEDDED_PREFIX):
-        family = args.model_path.split(":", 1)[1] if args.model_path and ":" in args.model_path else "mamba2"
-        vocab = embedded_config(family).vocab_size
+    if args.embedded_family is not None:
+        vocab = embedded_config(args.embedded_family).vocab_size
         return ByteTokenizer(vocab), vocab
     cfg = HybridConfig.from_file(f"{args.model_path}/config.json")
     return load_tokenizer(args.model_path, cfg.vocab_size, cfg.eos_token_id, mode=args.tokenizer), cfg.vocab_size
@@ -127,11 +129,11 @@ class EngineClient:
         deadline = time.monotonic() + timeout
         while True:
             if await self.pull.poll(200):
-                msg = await self.pull.recv_pyobj()
-                if msg["type"] == "fatal":
-                    raise RuntimeError(msg["error"])
-                if msg["type"] == "ready":
-                    self.info, self.stats, self.ready = msg["info"], msg["stats"], True
+                msg = decode(await self.pull.recv())
+                if isinstance(msg, Fatal):
+                    raise RuntimeError(msg.error)
+                if isinstance(msg, Ready):
+                    self.info, self.stats, self.ready = msg.info, msg.stats, True
                     break
             if not self.proc.is_alive():
                 raise RuntimeError(f"engine process exited with code {self.proc.exitcode} before it was ready")
@@ -142,11 +144,11 @@ class EngineClient:
 
     async def _receive(self) -> None:
         while True:
-            msg = await self.pull.recv_pyobj()
-            if msg["type"] != "out":
+            msg = decode(await self.pull.recv())
+            if not isinstance(msg, StepOutput):
                 continue
-            self.stats = msg["stats"]
-            for ev in msg["events"]:
+            self.stats = msg.stats
+            for ev in msg.events:
                 q = self.queues.get(ev["rid"])
                 if q is not None:
                     q.put_nowait(ev)
@@ -169,18 +171,18 @@ class EngineClient:
         print(f"sglang-replayssm: error: {self.failed}; failing {len(self.queues)} pending request(s) "
               "and exiting", file=sys.stderr, flush=True)
         for rid, q in list(self.queues.items()):
-            q.put_nowait({"rid": rid, "error": "engine process died", "status": 503})
+            q.put_nowait(error_event(rid, "engine process died", 503))
         if self.on_engine_exit is not None:
             self.on_engine_exit()
 
-    async def _send(self, msg: dict) -> None:
+    async def _send(self, msg: Message) -> None:
         """Queue one message for the engine without ever blocking on a dead or stuck one."""
         deadline = time.monotonic() + SEND_TIMEOUT_S
         while True:
             if not self.ready:
                 raise BadRequest("engine is not running", status=503)
             try:
-                await self.push.send_pyobj(msg, flags=zmq.NOBLOCK)
+                await self.push.send(encode(msg), flags=zmq.NOBLOCK)
                 return
             except zmq.Again:
                 if time.monotonic() > deadline:
@@ -198,7 +200,7 @@ class EngineClient:
         self.queues[rid] = q
         done = False
         try:
-            await self._send({"type": "add", "rid": rid, "prompt": prompt, "params": params, "resume": resume})
+            await self._send(AddRequest(rid, prompt, params, resume))
             while True:
                 ev = await q.get()
                 # the engine is done with it (an error it sent, or the end of all n samples); not a 503
@@ -211,7 +213,7 @@ class EngineClient:
             self.queues.pop(rid, None)
             if not done and self.ready:   # client went away: free the slot
                 try:
-                    await self.push.send_pyobj({"type": "abort", "rid": rid}, flags=zmq.NOBLOCK)
+                    await self.push.send(encode(Abort(rid)), flags=zmq.NOBLOCK)
                 except zmq.Again:
                     pass
 
@@ -229,19 +231,19 @@ class EngineClient:
             print(f"sglang-replayssm: drain timeout: ending {len(self.queues)} request(s) with a 503",
                   file=sys.stderr, flush=True)
             for rid, q in list(self.queues.items()):
-                q.put_nowait({"rid": rid, "error": "the server is shutting down: the request was ended "
-                                                   "before it finished (drain timeout)", "status": 503, "abort": True})
+                q.put_nowait(error_event(rid, "the server is shutting down: the request was ended before it "
+                                              "finished (drain timeout)", 503, abort=True))
             deadline = time.monotonic() + DRAIN_ANSWER_S
             while self.queues and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
 
     async def control(self, kind: str, timeout: float = 30.0) -> dict:
-        """Send the engine a control message ({"type": kind}, e.g. flush_cache) and await its answer."""
+        """Send the engine a control message (messages.CONTROL[kind], e.g. flush_cache) and await its answer."""
         rid = uuid.uuid4().hex
         q: asyncio.Queue = asyncio.Queue()
         self.queues[rid] = q
         try:
-            await self._send({"type": kind, "rid": rid})
+            await self._send(CONTROL[kind](rid))
             try:
                 return await asyncio.wait_for(q.get(), timeout)
             except asyncio.TimeoutError:
@@ -256,7 +258,7 @@ class EngineClient:
             t.cancel()
         if self.proc.is_alive():
             try:   # never wait on an engine that is not reading (e.g. one that failed to start)
-                await self.push.send_pyobj({"type": "shutdown"}, flags=zmq.NOBLOCK)
+                await self.push.send(encode(Shutdown()), flags=zmq.NOBLOCK)
             except zmq.Again:
                 pass
             for _ in range(50):

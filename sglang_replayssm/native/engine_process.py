@@ -1,14 +1,11 @@
-"""The engine loop in its own process, connected to the HTTP front end by pyzmq.
+"""The engine loop in its own process, connected to the HTTP front end by pyzmq (PUSH/PULL both ways).
 
-Front end -> engine (PUSH/PULL):  {"type": "add", "rid", "prompt", "params", "resume"} | {"type": "abort", "rid"}
-                                  | {"type": "flush_cache", "rid"} | {"type": "shutdown"}
-Engine -> front end (PUSH/PULL):  {"type": "ready", "info", "stats"} | {"type": "fatal", "error"}
-                                  | {"type": "out", "events": [...], "stats": {...}}
-An event is the engine's output event (engine.Engine._emit), or {"rid", "error", "status"} for a
-request the engine refused (400) or failed (500), or {"rid", "flushed": bool, "done": True} answering a
-flush_cache. Stats go out with every step, right after an abort (so a freed slot shows at once), and
-at least twice a second when idle. Before "ready" the engine is warmed up (warmup.py), so the first
-requests do not pay for first-call costs.
+It receives AddRequest / Abort / FlushCache / Shutdown and sends Ready (after the warm-up, warmup.py,
+so the first requests do not pay for first-call costs) or Fatal, then a StepOutput per iteration
+(messages.py). A StepOutput carries the step's events — the engine's output events, an ErrorEvent for
+a request the engine refused (400) or failed (500), a FlushedEvent answering a FlushCache — and the
+engine's stats; it goes out with every step, right after an abort (so a freed slot shows at once), and
+at least twice a second when idle.
 
 Nothing one request does ends the loop: an unexpected exception while adding a request fails that
 request; `Engine.step` fails only the rows an error touched, and an exception that still escapes a
@@ -24,14 +21,23 @@ import traceback
 import zmq
 
 from .engine import Engine, EngineArgs, RequestError, SamplingParams
+from .messages import (Abort, AddRequest, Fatal, FlushCache, FlushedEvent, Ready, Shutdown, StepOutput, decode,
+                       encode, engine_error, error_event)
 from .warmup import warm_up
 
 IDLE_POLL_MS = 200
 STATS_PERIOD_S = 0.5
 
 
-def _engine_error(e: Exception) -> str:
-    return f"engine error: {type(e).__name__}: {str(e)[:200]}"
+def _add(engine: Engine, msg: AddRequest, events: list) -> None:
+    """Queue one request; a refusal (400) or an unexpected error (500) answers that request alone."""
+    try:
+        engine.add_request(msg.prompt, SamplingParams(**msg.params), rid=msg.rid, resume=msg.resume)
+    except RequestError as e:
+        events.append(error_event(msg.rid, str(e), 400))
+    except Exception as e:   # noqa: BLE001 - this request fails, the loop goes on
+        traceback.print_exc()
+        events.append(error_event(msg.rid, engine_error(e), 500))
 
 
 def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
@@ -44,12 +50,12 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
     try:
         engine = Engine(args)
     except Exception as e:   # noqa: BLE001 - reported to the launcher, which exits with the message
-        push.send_pyobj({"type": "fatal", "error": f"{type(e).__name__}: {e}"})
+        push.send(encode(Fatal(f"{type(e).__name__}: {e}")))
         push.close(linger=2000)
         return
     info = engine.info()
     info["warmup_s"] = warm_up(engine)
-    push.send_pyobj({"type": "ready", "info": info, "stats": engine.stats()})
+    push.send(encode(Ready(info, engine.stats())))
     parent = os.getppid()
     last_stats = 0.0
     while True:
@@ -60,36 +66,29 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
         if pull.poll(0 if engine.has_work() else IDLE_POLL_MS):
             while True:
                 try:
-                    msg = pull.recv_pyobj(zmq.NOBLOCK)
+                    msg = decode(pull.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-                if msg["type"] == "shutdown":
+                if isinstance(msg, Shutdown):
                     push.close(linger=0)
                     pull.close(linger=0)
                     return
-                if msg["type"] == "abort":
-                    engine.abort(msg["rid"])
+                if isinstance(msg, Abort):
+                    engine.abort(msg.rid)
                     aborted = True
-                elif msg["type"] == "flush_cache":
-                    events.append({"rid": msg["rid"], "flushed": engine.flush_cache(), "done": True})
-                elif msg["type"] == "add":
-                    try:
-                        engine.add_request(msg["prompt"], SamplingParams(**msg["params"]), rid=msg["rid"],
-                                           resume=msg.get("resume"))
-                    except RequestError as e:
-                        events.append({"rid": msg["rid"], "error": str(e), "status": 400})
-                    except Exception as e:   # noqa: BLE001 - this request fails, the loop goes on
-                        traceback.print_exc()
-                        events.append({"rid": msg["rid"], "error": _engine_error(e), "status": 500})
+                elif isinstance(msg, FlushCache):
+                    events.append(FlushedEvent(rid=msg.rid, flushed=engine.flush_cache(), done=True))
+                elif isinstance(msg, AddRequest):
+                    _add(engine, msg, events)
         if engine.has_work():
             try:
                 events += engine.step()
             except Exception as e:   # noqa: BLE001 - fail the running requests, keep serving
                 traceback.print_exc()
                 for req in list(engine.running):
-                    events.append({"rid": req.rid, "error": _engine_error(e), "status": 500})
+                    events.append(error_event(req.rid, engine_error(e), 500))
                     engine.abort(req.rid)
         now = time.monotonic()
         if events or aborted or now - last_stats > STATS_PERIOD_S:
-            push.send_pyobj({"type": "out", "events": events, "stats": engine.stats()})
+            push.send(encode(StepOutput(events, engine.stats())))
             last_stats = now

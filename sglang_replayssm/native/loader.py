@@ -22,10 +22,9 @@ from pathlib import Path
 import torch
 
 from .config import HybridConfig, ModelConfigError, embedded_config
+from .engine_args import EngineArgs
 from .model import HybridModel, param_shapes, random_weights
 from .tokenizer import ByteTokenizer, load_tokenizer
-
-EMBEDDED_PREFIX = "embedded"   # --model-path of the built-in model: embedded[:mamba2|:gdn]
 
 
 class ModelLoadError(ValueError):
@@ -189,14 +188,13 @@ def _map_qwen(cfg: HybridConfig, tensors: dict, take) -> dict:
     return w
 
 
-def build_model(args):
-    """(HybridConfig, HybridModel, tokenizer) for `args` (engine.EngineArgs: the built-in model or a HF folder)."""
+def build_model(args: EngineArgs):
+    """(HybridConfig, HybridModel, tokenizer) for `args` (the built-in model or a HF folder)."""
     device = torch.device(args.device)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    if not args.model_path or args.model_path.startswith(EMBEDDED_PREFIX):
-        family = args.model_path.split(":", 1)[1] if args.model_path and ":" in args.model_path else "mamba2"
-        cfg = embedded_config(family)
+    if args.embedded_family is not None:
+        cfg = embedded_config(args.embedded_family)
         weights = random_weights(cfg, seed=args.seed)
         # the random model only emits printable ASCII (never EOS), so its text is readable
         bias = torch.full((cfg.vocab_size,), -1e4)

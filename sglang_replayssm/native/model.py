@@ -11,19 +11,26 @@ One forward serves three modes, always over a batch `[B, T]` of token ids:
   "verify"   T = 1 + drafts: SSM layers go through `ops.verify` (draft records appended to the ring);
              the caller commits the accepted prefix (`SSMOps.commit`: pointer move, conv state).
 Attention layers append K/V at positions `pos .. pos+T-1` of the sequence's KV cache (`KVCache`).
-No host synchronisation inside the forward: lengths come in as host ints.
+What a forward reads and writes besides the weights comes in explicitly: a `ForwardContext` (the
+pool, the KV cache, the SSM-layer dispatch). No host synchronisation inside the forward: lengths
+come in as host ints.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import math
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from .config import HybridConfig
+
+if TYPE_CHECKING:
+    from ..pool import ReplayStatePool
+    from .ssm_ops import SSMOps
 
 
 # --------------------------------------------------------------------------- parameters
@@ -143,6 +150,17 @@ class KVCache:
     def copy(self, src: int, dst: int):
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
+
+
+@dataclasses.dataclass
+class ForwardContext:
+    """The state one `HybridModel.forward` reads and writes: the SSM state pool, the attention KV cache,
+    and the SSM-layer dispatch (`SSMOps`, or anything with its `run(layer, slots, mode, inputs, T)` and
+    `forward_scope(mode, slots)`)."""
+
+    pool: ReplayStatePool
+    kv: KVCache
+    ops: SSMOps
 
 
 # --------------------------------------------------------------------------- small functions
@@ -266,10 +284,9 @@ class HybridModel:
         return self._cos, self._sin
 
     # ------------------------------------------------------------------ forward
-    def forward(self, tokens, pos, slots, mode: str, ctx, max_len: int):
+    def forward(self, tokens, pos, slots, mode: str, ctx: ForwardContext, max_len: int):
         """tokens [B, T] long, pos [B] long (first position), slots [B] int; max_len = max(pos) + T.
-        ctx: object with .pool (ReplayStatePool), .kv (KVCache), .ops (SSMOps). Returns logits (float32):
-        [B, V] for prefill (last position), [B, T, V] otherwise."""
+        Returns logits (float32): [B, V] for prefill (last position), [B, T, V] otherwise."""
         assert mode in ("prefill", "decode", "verify"), mode
         cfg, w = self.cfg, self.w
         B, T = tokens.shape
@@ -279,8 +296,7 @@ class HybridModel:
         if cfg.num_attn_layers:   # per-step attention inputs, shared by all attention layers
             att = self._attention_inputs(pos, T, ctx, max_len)
         x = None
-        scope = getattr(ctx.ops, "forward_scope", None)   # SSMOps: per-step work shared by the SSM layers
-        with scope(mode, slots32) if scope is not None else contextlib.nullcontext():
+        with ctx.ops.forward_scope(mode, slots32):   # per-step work shared by the SSM layers
             for i, kind in enumerate(cfg.blocks):
                 h, x = self._add_norm(h, x, w[f"b{i}.norm"])
                 if kind == "mlp":
@@ -321,7 +337,7 @@ class HybridModel:
             qpos = pos[:, None] + torch.arange(T, device=pos.device).repeat_interleave(G)
             out["qpos"] = qpos.to(torch.int32)                                                      # [B, T*G]
         if cfg.rotary_dim:
-            cos, sin = self._rope(max(max_len, getattr(ctx.kv, "max_len", 0)))
+            cos, sin = self._rope(max(max_len, ctx.kv.max_len))
             if self.fused:
                 out["tables"] = (cos, sin)
             else:

@@ -45,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..json_checks import field_of, find_invalid
 from .auth import ApiKeyMiddleware
 from .browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
-from .engine import EngineArgs
+from .engine_args import EngineArgs
 from .engine_client import DRAINING, EngineClient
 from .metrics import ServerMetrics
 from .openai_request import (BadRequest, check_model, engine_error, error_response, parse_messages, parse_prompt,

@@ -27,8 +27,6 @@ def warm_up(engine) -> float:
         engine.step()
     assert greedy.output and sampled.output, "the warm-up generated nothing"
     engine.flush_cache()
-    engine.counters.update(counters)
+    engine.accounting.restore(counters)
     engine.cache.hits = engine.cache.hit_tokens = 0
-    engine._history.clear()
-    engine.last_batch, engine.ring_occupancy = 0, 0.0
     return time.monotonic() - t0

@@ -1,10 +1,8 @@
 """Drive the native engine's model token by token (teacher-forced) for the fidelity tests."""
 
-from types import SimpleNamespace
-
 import torch
 
-from sglang_replayssm.native.model import HybridModel, KVCache
+from sglang_replayssm.native.model import ForwardContext, HybridModel, KVCache
 from sglang_replayssm.native.ssm_ops import SSMOps
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry
 
@@ -17,8 +15,7 @@ def native_teacher_forced_logits(cfg, weights, tokens, replay: ReplayConfig | No
                       conv_kernel=cfg.conv_kernel)
     pool = ReplayStatePool(geo, cfg.num_ssm_layers, 1, replay or ReplayConfig(max_drafts=0))
     T = len(tokens)
-    ctx = SimpleNamespace(pool=pool, kv=KVCache(cfg, 2, T, "cpu", torch.float32), ops=None)
-    ctx.ops = SSMOps(cfg.family, pool)          # on CPU: the reference path
+    ctx = ForwardContext(pool, KVCache(cfg, 2, T, "cpu", torch.float32), SSMOps(cfg.family, pool))   # CPU: reference
     slots = torch.tensor(pool.alloc(1), dtype=torch.long)
     out = []
     for t in range(T):

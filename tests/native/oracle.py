@@ -24,7 +24,7 @@ class Oracle:
             try:
                 dev = e.model.device
                 out = e.model.forward(torch.tensor([list(ids)], device=dev), torch.tensor([0], device=dev),
-                                      torch.tensor([slot], device=dev, dtype=torch.int32), "prefill", e, len(ids))
+                                      torch.tensor([slot], device=dev, dtype=torch.int32), "prefill", e.forward_ctx, len(ids))
             finally:
                 e.pool.free([slot])
             self._memo[key] = out[0].float().cpu()

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from sglang_replayssm.native import fused
 from sglang_replayssm.native.config import embedded_config
-from sglang_replayssm.native.model import HybridModel, KVCache, random_weights, rms_norm, rope, rope_tables
+from sglang_replayssm.native.model import (ForwardContext, HybridModel, KVCache, random_weights, rms_norm, rope,
+                                          rope_tables)
 from sglang_replayssm.native.ssm_ops import SSMOps
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry
 
@@ -208,9 +209,8 @@ def _state(cfg, model, slots_n, max_drafts):
                       head_k_dim=cfg.ssm_head_k_dim, num_k_heads=cfg.ssm_k_heads, conv_dim=cfg.conv_dim,
                       conv_kernel=cfg.conv_kernel)
     pool = ReplayStatePool(geo, cfg.num_ssm_layers, slots_n, ReplayConfig(window=4, max_drafts=max_drafts))
-    ctx = SimpleNamespace(pool=pool, kv=KVCache(cfg, slots_n + 1, 64, "cpu", torch.float32))
-    ctx.ops = SSMOps(cfg.family, pool, kernels="reference")
-    return ctx
+    return ForwardContext(pool, KVCache(cfg, slots_n + 1, 64, "cpu", torch.float32),
+                          SSMOps(cfg.family, pool, kernels="reference"))
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])

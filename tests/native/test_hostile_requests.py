@@ -13,6 +13,7 @@ import zmq
 
 from sglang_replayssm.native.engine import Engine, EngineArgs, SamplingParams
 from sglang_replayssm.native.engine_process import run_engine
+from sglang_replayssm.native.messages import AddRequest, Ready, Shutdown, StepOutput, decode, encode
 
 from .live_server import LiveServer, Victim, completion, stream_text, victim_body
 
@@ -149,14 +150,14 @@ def test_a_failing_row_fails_alone():
     eng = _engine()
     params = SamplingParams(max_tokens=40)
     solo_out = eng.generate(["victim one", "victim two"], params)
-    sample = eng._sample
+    sample = eng.output.sample
 
     def poisoned(req, logits):
         if req.rid == "poison" and len(req.output) >= 3:
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         return sample(req, logits)
 
-    eng._sample = poisoned
+    eng.output.sample = poisoned
     victims = [eng.add_request(p, params) for p in ("victim one", "victim two")]
     eng.add_request("poison prompt", SamplingParams(max_tokens=40, temperature=1.0, seed=1), rid="poison")
     events = []
@@ -192,22 +193,23 @@ def test_engine_loop_survives_an_unexpected_error_in_one_request(tmp_path):
                             daemon=True)
     loop.start()
     try:
-        assert pull.poll(60_000) and pull.recv_pyobj()["type"] == "ready"
+        assert pull.poll(60_000) and isinstance(decode(pull.recv()), Ready)
         params = {"max_tokens": 8, "temperature": 0.0}
-        push.send_pyobj({"type": "add", "rid": "bad", "prompt": "x", "params": {**params, "bogus": 1}})
-        push.send_pyobj({"type": "add", "rid": "good", "prompt": "hello", "params": params})
+        push.send(encode(AddRequest(rid="bad", prompt="x", params={**params, "bogus": 1})))
+        push.send(encode(AddRequest(rid="good", prompt="hello", params=params)))
         got, deadline = {}, time.monotonic() + 60
         while "good" not in got or not got["good"][-1].get("finished"):
             assert loop.is_alive(), "the engine loop died"
             assert time.monotonic() < deadline, f"no answer: {got}"
             if pull.poll(1000):
-                for ev in pull.recv_pyobj().get("events", []):
+                msg = decode(pull.recv())
+                for ev in msg.events if isinstance(msg, StepOutput) else []:
                     got.setdefault(ev["rid"], []).append(ev)
         assert got["bad"][0]["status"] == 500 and "TypeError" in got["bad"][0]["error"]
         want = Engine(EngineArgs(max_running_requests=2)).generate(["hello"], SamplingParams(max_tokens=8))[0]
         assert [t for ev in got["good"] for t in ev["token_ids"]] == want
     finally:
-        push.send_pyobj({"type": "shutdown"})
+        push.send(encode(Shutdown()))
         loop.join(30)
         push.close(0)
         pull.close(0)

@@ -29,7 +29,7 @@ def test_checkpoint_matches_hf(hf_checkpoints, arch):
     while start < len(IDS):                            # chunked prefill, 4 tokens a chunk
         chunk = IDS[start:start + 4]
         logits = e.model.forward(torch.tensor([chunk]), torch.tensor([start]), torch.tensor([req.slot]),
-                                 "prefill", e, start + len(chunk))
+                                 "prefill", e.forward_ctx, start + len(chunk))
         start += len(chunk)
     with torch.no_grad():
         ref = hf(torch.tensor([IDS])).logits[0, -1]

@@ -1,0 +1,187 @@
+"""Which requests run, and in which slot: the native engine's waiting queue and running list.
+
+* `new_request`: a checked Request from a prompt (text, token ids, or {"messages": [...]}) and its
+  sampling parameters; with `resume`, the output of an answer cut elsewhere, prefilled after the prompt.
+* `admit`: waiting requests take free pool slots in arrival order, a request's n samples together
+  (prefix-cache entries give their slots up first; a full pool makes requests wait). A prompt that
+  extends a cached prefix starts from a fork of that entry's state.
+* `next_chunk` / `chunk_done` (chunked prefill): the next span of a prompt to prefill, cut at the
+  prefix-cache key (the prompt without its last token) so the state there can be kept in a spare slot;
+  when sample 0's prefill ends, its state is forked into its sibling samples' slots.
+* `abort` / `retire`: a request leaves (aborted, or finished); its slot goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from ..scheduler.prefix_tree import BLOCK_CHARS, MAX_REPORTED_BLOCKS, block_hashes   # pure Python, no ray
+from . import sampling
+from .prefix_cache import PrefixCache
+from .request import Request
+from .sampling import RequestError, SamplingParams
+
+
+class Admission:
+    def __init__(self, args, vocab_size: int, tokenizer, pool, kv, cache: PrefixCache):
+        self.max_model_len, self.chunk_size = args.max_model_len, args.chunk_size
+        self.vocab_size, self.tokenizer = vocab_size, tokenizer
+        self.pool, self.kv, self.cache = pool, kv, cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ arrivals
+    def new_request(self, prompt, params: SamplingParams, rid: str | None = None, resume=None) -> Request:
+        """A checked request, queued; RequestError (HTTP 400) naming the field otherwise."""
+        params = sampling.check_params(params, self.vocab_size)
+        if params.n > self.pool.num_slots:
+            raise RequestError(f"n: at most {self.pool.num_slots} (the engine's slots), got {params.n}")
+        if params.n > 1 and resume is not None:
+            raise RequestError("n: a resumed request has one sample")
+        ids = self._prompt_ids(prompt)
+        req = Request(rid or f"r{next(self._ids)}", ids, params, generator=sampling.generator_for(params))
+        req.group = [req]
+        if resume is not None:
+            self._resume(req, *resume)
+        self.waiting.append(req)
+        return req
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        field = "messages" if isinstance(prompt, dict) else "prompt"
+        try:
+            if isinstance(prompt, dict):
+                ids = self.tokenizer.chat_prompt(prompt["messages"], prompt.get("continue_final_message", False))
+            elif isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt)
+            else:
+                ids = [int(t) for t in prompt]
+        except Exception as e:   # noqa: BLE001 - whatever the tokenizer makes of this input, it is this input's
+            raise RequestError(f"{field}: cannot be tokenized ({type(e).__name__}: {str(e)[:200]})") from None
+        if not ids:
+            raise RequestError("prompt: must not be empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt: token ids {bad[:5]} outside the vocabulary (size {self.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(f"prompt: {len(ids)} tokens, the context length is {self.max_model_len}")
+        return ids
+
+    def _resume(self, req: Request, out: list, text_chars: int) -> None:
+        if not (isinstance(out, list) and out and all(isinstance(t, int) and 0 <= t < self.vocab_size
+                                                      for t in out)):
+            raise RequestError(f"replayssm_resume.token_ids: expected token ids of the vocabulary (size "
+                               f"{self.vocab_size})")
+        if len(out) >= req.params.max_tokens or len(req.prompt) + len(out) >= self.max_model_len:
+            raise RequestError("replayssm_resume.token_ids: nothing left to generate (max_tokens or the context "
+                               "length reached)")
+        if not 0 <= text_chars <= len(self.tokenizer.decode(out)):
+            raise RequestError("replayssm_resume.text_chars: more characters than the token ids' text")
+        req.output, req.resumed, req.sent = list(out), len(out), text_chars
+
+    # ------------------------------------------------------------------ slots
+    def admit(self) -> list[tuple[Request, Exception]]:
+        """Move waiting requests into free slots while there are enough; returns the requests whose
+        admission failed, with the exception (the caller fails them: they are already running)."""
+        failed = []
+        while self.waiting:
+            n = self.waiting[0].params.n            # a request's n samples are admitted together
+            while self.pool.num_free < n and len(self.cache):
+                self.pool.free([self.cache.evict()])
+            if self.pool.num_free < n:
+                break                               # the pool is full: requests wait
+            req = self.waiting.popleft()
+            self.running.append(req)
+            try:
+                req.slot = self.pool.alloc(1)[0]
+                hit = self.cache.lookup(req.prompt)
+                if hit is not None:                 # start from the cached prefix state
+                    self.fork(hit[0], req.slot)
+                    req.prefilled = hit[1]
+                for i, slot in enumerate(self.pool.alloc(n - 1) if n > 1 else [], 1):
+                    kid = Request(req.rid, req.prompt, req.params, slot=slot, index=i, group=req.group,
+                                  awaiting_fork=True, generator=sampling.generator_for(req.params, i))
+                    req.group.append(kid)           # gets sample 0's state once that is prefilled
+                    self.running.append(kid)
+            except Exception as e:   # noqa: BLE001 - this request fails, the others go on
+                failed.append((req, e))
+        return failed
+
+    def fork(self, src: int, dst) -> None:
+        """Copy slot src's state (SSM pool and KV cache) into dst, one slot or a list of them."""
+        self.pool.fork(src, dst)
+        for d in [dst] if isinstance(dst, int) else dst:
+            self.kv.copy(src, d)
+
+    def prefilling(self) -> list[Request]:
+        return [r for r in self.running if r.in_prefill]
+
+    def decoding(self) -> list[Request]:
+        return [r for r in self.running if r.in_decode]
+
+    # ------------------------------------------------------------------ chunked prefill
+    def next_chunk(self, req: Request) -> tuple[int, int]:
+        """[start, end) of req.tokens to prefill next: at most chunk_size tokens, ending at the prefix-cache
+        key when the state there is worth keeping."""
+        start = req.prefilled
+        end = min(start + self.chunk_size, req.prefill_len)
+        boundary = len(req.prompt) - 1
+        if self.cache.wants(req.prompt[:boundary]) and start < boundary < end:
+            end = boundary
+        return start, end
+
+    def chunk_done(self, req: Request, end: int) -> None:
+        """req.tokens[:end] are prefilled: keep the prefix state (if wanted and a slot is spare), and at the end
+        of the prefill fork it into the request's other samples."""
+        req.prefilled = end
+        key = req.prompt[:len(req.prompt) - 1]
+        if (end == len(key) and self.cache.wants(key) and self.pool.num_free > 0 and not self.waiting):
+            if len(self.cache) >= self.cache.max_entries:
+                self.pool.free([self.cache.evict()])
+            dst = self.pool.alloc(1)[0]
+            self.fork(req.slot, dst)
+            self.cache.insert(key, dst, self._prefix_blocks(key))
+        if req.prefilled == req.prefill_len and len(req.group) > 1:   # parallel samples share this prefill
+            self.fork(req.slot, [kid.slot for kid in req.group[1:]])
+            for kid in req.group[1:]:
+                kid.prefilled, kid.awaiting_fork = len(kid.prompt), False
+
+    def _prefix_blocks(self, key: list) -> list:
+        """The router's name for a cached prefix: chained hashes of its text's blocks (never the text)."""
+        try:
+            return block_hashes(self.tokenizer.decode(key), BLOCK_CHARS, MAX_REPORTED_BLOCKS)
+        except Exception:   # noqa: BLE001 - a report is no reason to fail the request
+            return []
+
+    # ------------------------------------------------------------------ departures
+    def abort(self, rid: str) -> None:
+        for q in (self.waiting, self.running):
+            for r in list(q):
+                if r.rid == rid:
+                    r.finish_reason = "abort"
+                    q.remove(r)
+                    self._release(r)
+
+    def retire(self) -> int:
+        """Remove the finished requests from the running list, freeing their slots; returns how many
+        finished without an error."""
+        done = 0
+        for req in [r for r in self.running if r.finish_reason is not None]:
+            self.running.remove(req)
+            self._release(req)
+            done += req.finish_reason != "error"
+        return done
+
+    def _release(self, req: Request) -> None:
+        if req.slot is not None:
+            self.pool.free([req.slot])
+            req.slot = None
+
+    def flush_prefix_cache(self) -> bool:
+        """Drop every prefix-cache entry; refused (False) while requests run or wait, as SGLang does."""
+        if self.running or self.waiting:
+            return False
+        while len(self.cache):
+            self.pool.free([self.cache.evict()])
+        return True
