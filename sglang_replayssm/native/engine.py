@@ -21,7 +21,7 @@ import time
 
 from ..pool import ReplayStatePool, SSMGeometry
 from ..scheduler.prefix_tree import BLOCK_CHARS   # pure Python, no ray
-from .accounting import Accounting
+from .step_stats import StepStats
 from .admission import Admission
 from .engine_args import EMBEDDED_PREFIX, EngineArgs   # noqa: F401 - re-exported: the engine API
 from .loader import build_model
@@ -56,11 +56,11 @@ class Engine:
         self.ops = SSMOps(cfg.family, self.pool, replay_verify=opts.verify, kernels=args.kernels)
         self.forward_ctx = ForwardContext(self.pool, self.kv, self.ops)
         self.cache = PrefixCache(args.prefix_cache_entries)
-        self.accounting = Accounting()
-        self.counters = self.accounting.counters
+        self.step_stats = StepStats()
+        self.counters = self.step_stats.counters
         self.admission = Admission(args, cfg.vocab_size, self.tokenizer, self.pool, self.kv, self.cache)
         self.output = Output(self.tokenizer, args.max_model_len, self.counters)
-        self.runner = StepRunner(self.model, self.forward_ctx, self.admission, self.output, self.accounting, args)
+        self.runner = StepRunner(self.model, self.forward_ctx, self.admission, self.output, self.step_stats, args)
 
     @property
     def waiting(self):
@@ -101,7 +101,7 @@ class Engine:
                     self.runner.speculative_step(decoding, events)
                 else:
                     self.runner.decode_step(decoding, events)
-                self.accounting.ring_gauge(self.pool, [r.slot for r in self.running if r.slot is not None])
+                self.step_stats.ring_gauge(self.pool, [r.slot for r in self.running if r.slot is not None])
             except Exception as e:   # noqa: BLE001 - the batched forward failed: its rows' state is unknown
                 for r in decoding:
                     if r.finish_reason is None:
@@ -124,10 +124,10 @@ class Engine:
     # ------------------------------------------------------------------ introspection
     def throughput(self, window_s: float = 10.0) -> float:
         """Generated tokens per second over the last `window_s` seconds."""
-        return self.accounting.throughput(window_s)
+        return self.step_stats.throughput(window_s)
 
     def stats(self) -> dict:
-        total, acc = self.pool.num_slots, self.accounting
+        total, acc = self.pool.num_slots, self.step_stats
         return {**self.counters,
                 "running": len(self.running), "waiting": len(self.waiting),
                 "free_slots": self.pool.num_free + len(self.cache),   # cache entries yield to requests

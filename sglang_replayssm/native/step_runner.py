@@ -4,7 +4,7 @@ a batch, one speculative step of a batch (draft -> verify -> accept -> commit ->
 Every forward gets the same explicit `ForwardContext` (pool, KV cache, SSM ops; model.py). A decode
 step moves each row's ring cursor (`pool.advance`); a verify step appends 1 + drafts records per row
 (`SSMOps.begin_verify`) and keeps the accepted prefix (`SSMOps.commit`: a pointer move, the conv state).
-Each step adds its SSM state traffic to the counters (traffic.py). A row's sampling or emission
+Each step adds its SSM state traffic to the counters (step_stats.py). A row's sampling or emission
 error fails that row alone; an exception out of a step (the batched forward) is the caller's.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from . import drafter, sampling, traffic
-from .accounting import Accounting
+from . import drafter, sampling
+from .step_stats import StateSizes, StepStats, account_decode, account_verify
 from .admission import Admission
 from .model import ForwardContext, HybridModel
 from .output import Output
@@ -46,12 +46,12 @@ def accept(row: Request, drafts: list[int], logits: torch.Tensor, argmax: list[i
 
 class StepRunner:
     def __init__(self, model: HybridModel, ctx: ForwardContext, admission: Admission, output: Output,
-                 accounting: Accounting, args):
+                 step_stats: StepStats, args):
         self.model, self.ctx, self.admission, self.output = model, ctx, admission, output
-        self.accounting, self.counters = accounting, accounting.counters
+        self.step_stats, self.counters = step_stats, step_stats.counters
         self.pool = ctx.pool
         self.conventional = self.pool.cfg.mode == "conventional"
-        self.sizes = traffic.StateSizes.of(self.pool)
+        self.sizes = StateSizes.of(self.pool)
         self.max_model_len = args.max_model_len
         self.num_draft_tokens = args.speculative_num_draft_tokens
         self.disable_by_batch_size = args.speculative_disable_by_batch_size
@@ -83,7 +83,7 @@ class StepRunner:
         max_len = max(len(r.tokens) for r in rows)
         logits = self.model.forward(tokens, pos, slots, "decode", self.ctx, max_len)[:, 0]
         self.pool.advance(slots.long())
-        traffic.account_decode(self.sizes, self.counters, self.conventional, self.pool.cfg.window, cursors)
+        account_decode(self.sizes, self.counters, self.conventional, self.pool.cfg.window, cursors)
         greedy = logits.argmax(-1).tolist()
         for i, r in enumerate(rows):
             try:
@@ -92,7 +92,7 @@ class StepRunner:
             except Exception as e:   # noqa: BLE001 - e.g. a numerical failure in this row's sampling
                 self.output.fail(r, e, events)
         self.counters["decode_steps"] += 1
-        self.accounting.last_batch = len(rows)
+        self.step_stats.last_batch = len(rows)
 
     # ------------------------------------------------------------------ speculative decoding
     def speculative_step(self, rows: list[Request], events: list) -> None:
@@ -125,12 +125,12 @@ class StepRunner:
             n = max(len(toks) - 1, 0)               # accepted drafts
             self.counters["draft_tokens"] += len(d)
             self.counters["accepted_draft_tokens"] += n
-            self.counters["rollbacks"] += T - (n + 1)   # rejected draft records (metric_names)
+            self.counters["rollbacks"] += T - (n + 1)   # rejected draft records (sglang_replayssm.accounting)
         # commit: each row keeps its accepted records (>= 1), the rest of the ring is rolled back
         accepted = [max(len(toks), 1) for toks in emitted]
         self.ctx.ops.commit(slot_list, accepted)
         mode = "replay" if not (self.conventional or self.ctx.ops.snapshot_verify) else "snapshot"
-        traffic.account_verify(self.sizes, self.counters, mode, self.pool.cfg.window, cursors, accepted, T)
+        account_verify(self.sizes, self.counters, mode, self.pool.cfg.window, cursors, accepted, T)
         # emit: the accepted tokens of each row that did not fail
         for i, (r, toks) in enumerate(zip(rows, emitted)):
             if r.finish_reason == "error":
@@ -140,7 +140,7 @@ class StepRunner:
             except Exception as e:   # noqa: BLE001
                 self.output.fail(r, e, events)
         self.counters["verify_steps"] += 1
-        self.accounting.last_batch = len(rows)
+        self.step_stats.last_batch = len(rows)
 
     # ------------------------------------------------------------------ batch tensors
     def _batch(self, rows: list[Request]):

@@ -27,6 +27,6 @@ def warm_up(engine) -> float:
         engine.step()
     assert greedy.output and sampled.output, "the warm-up generated nothing"
     engine.flush_cache()
-    engine.accounting.restore(counters)
+    engine.step_stats.restore(counters)
     engine.cache.hits = engine.cache.hit_tokens = 0
     return time.monotonic() - t0

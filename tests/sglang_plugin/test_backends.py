@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from sglang_replayssm.accounting import StateSizes
-from sglang_replayssm.native.traffic import account_verify
+from sglang_replayssm.native.step_stats import account_verify
 from sglang_replayssm.reference import gdn as ref_gdn
 from sglang_replayssm.reference import kda as ref_kda
 from sglang_replayssm.reference import mamba2 as ref_m2
