@@ -79,20 +79,20 @@ def test_draft_and_commit_misuse():
     with pytest.raises(DraftOverflowError, match="ring capacity"):
         pool.begin_verify(s, 4)
     with pytest.raises(CommitError, match="no pending"):
-        pool.commit(s, [0, 0])
+        pool.accept_drafts(s, [0, 0])
     pool.begin_verify(s, 2)
     with pytest.raises(CommitError, match="already"):
         pool.begin_verify(s, 1)
     with pytest.raises(CommitError, match="accepted 3 of 2"):
-        pool.commit(s, [3, 0])
+        pool.accept_drafts(s, [3, 0])
     with pytest.raises(CommitError, match="fork"):
         pool.fork(s[0], pool.alloc(1)[0])
-    pool.commit(s, [2, 1])
+    pool.accept_drafts(s, [2, 1])
     assert pool.cursor[s].tolist() == [2, 1]
     pool.begin_verify(s, 3, parents=[[-1, 0, 0], [-1, -1, 1]])
     with pytest.raises(CommitError, match="not a root-to-node path"):
-        pool.commit(s, [1, 1], paths=[[1], [1]])        # node 1 of the first tree hangs off node 0
-    pool.commit(s, [2, 2], paths=[[0, 2], [1, 2]])       # the rejected call kept the verify pending
+        pool.accept_drafts(s, [1, 1], paths=[[1], [1]])        # node 1 of the first tree hangs off node 0
+    pool.accept_drafts(s, [2, 2], paths=[[0, 2], [1, 2]])       # the rejected call kept the verify pending
     assert pool.cursor[s].tolist() == [0, 3]             # 2 + 2 reached the window (4) and folded; 1 + 2 did not
     assert isinstance(CommitError("x"), PoolError) and issubclass(PoolError, ValueError)
 
@@ -109,7 +109,7 @@ def test_failed_call_loses_nothing():
     pool.advance(torch.tensor(s))
     before = [t.clone() for t in pool._per_slot_tensors()] + [pool.cursor.clone()]
     for bad in (lambda: pool.alloc(1), lambda: pool.free([s[0], s[0]]), lambda: pool.begin_verify(s, 9),
-                lambda: pool.commit(s, [1, 1])):
+                lambda: pool.accept_drafts(s, [1, 1])):
         with pytest.raises(PoolError):
             bad()
     after = [t for t in pool._per_slot_tensors()] + [pool.cursor]
@@ -143,7 +143,7 @@ def test_commit_rolls_conv_state_along_the_accepted_path():
     old, drafts = pool.conv[:, s].clone(), pool.conv_in[:, s].clone()
     pool.begin_verify(s, 4, parents=[[-1, 0, 1, 2], [-1, -1, 1, 0], [-1, 0, 0, 0], [-1, 0, 1, 2]])
     paths = [[0, 1], [1, 2], [], [0, 1, 2, 3]]   # the last: more accepted than the conv window, all new columns
-    pool.commit(s, [2, 2, 0, 4], paths=paths)
+    pool.accept_drafts(s, [2, 2, 0, 4], paths=paths)
     for b, path in enumerate(paths):
         want = torch.cat([old[:, b], drafts[:, b, path].transpose(-1, -2)], dim=-1)[..., -3:]
         assert torch.equal(pool.conv[:, s[b]], want)
