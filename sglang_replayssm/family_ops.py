@@ -59,6 +59,11 @@ class FamilyOps:
     flush_list: Callable | None = None
 
     @property
+    def package(self) -> str:
+        """Where decode / verify / fold come from: ``sglang_replayssm.<package>.<family>``."""
+        return "kernels" if self.backend == "triton" else "reference"
+
+    @property
     def fold_on_device(self) -> bool:
         """The fold waits on no device result (a chain commit can be captured in a CUDA graph)."""
         return self.backend == "triton"

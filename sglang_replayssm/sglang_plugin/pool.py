@@ -214,7 +214,7 @@ class ReplayMambaPool(_SGLangMambaPool):
             "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens, ops %s): "
             "%d bytes/slot vs SGLang %d bytes/slot + %d bytes/slot of per-draft snapshots; "
             "in SGLang's memory for %d sequences ReplaySSM fits %d",
-            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops.backend, ours, theirs_slot, theirs_spec,
+            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops.package, ours, theirs_slot, theirs_spec,
             size, budget // max(ours, 1) - 1)
 
     # ------------------------------------------------------------------ step bookkeeping
