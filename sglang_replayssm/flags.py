@@ -27,7 +27,7 @@ import json
 import os
 from typing import Mapping, Sequence
 
-from .state_formats import FLAG_CKPT_PRECISIONS as CKPT_PRECISIONS, READ_COPIES, read_copy_geometry_error
+from .state_formats import FLAG_CKPT_PRECISIONS, READ_COPIES, read_copy_geometry_error
 
 MAX_WINDOW = 1024
 ENV_VAR = "SGLANG_REPLAYSSM_OPTIONS"
@@ -67,7 +67,7 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         "--replayssm-window", type=_window, default=16, metavar="L",
         help=f"records per sequence folded into the checkpoint at a flush (1..{MAX_WINDOW}, default 16)")
     group.add_argument(
-        "--replayssm-ckpt-precision", choices=CKPT_PRECISIONS, default="fp32",
+        "--replayssm-ckpt-precision", choices=FLAG_CKPT_PRECISIONS, default="fp32",
         help="precision of the recurrence checkpoint (default fp32)")
     group.add_argument(
         "--replayssm-read-copy", choices=READ_COPIES, default="none",
@@ -98,9 +98,9 @@ class ReplaySSMOptions:
             raise FlagError("--replayssm-window", f"expected an integer, got {self.window!r}")
         if not 1 <= self.window <= MAX_WINDOW:
             raise FlagError("--replayssm-window", f"must be in 1..{MAX_WINDOW}, got {self.window}")
-        if self.ckpt_precision not in CKPT_PRECISIONS:
+        if self.ckpt_precision not in FLAG_CKPT_PRECISIONS:
             raise FlagError("--replayssm-ckpt-precision",
-                            f"must be one of {', '.join(CKPT_PRECISIONS)}, got {self.ckpt_precision!r}")
+                            f"must be one of {', '.join(FLAG_CKPT_PRECISIONS)}, got {self.ckpt_precision!r}")
         if self.read_copy not in READ_COPIES:
             raise FlagError("--replayssm-read-copy",
                             f"must be one of {', '.join(READ_COPIES)}, got {self.read_copy!r}")

@@ -145,11 +145,12 @@ class SSMOps:
             self.pool.write_state(layer, slots, states[rows, last])
         self.pool.note_prefill(slots, accepted)
         self._snaps = {}
-        # conv state: the last K-1 columns of [conv state | accepted conv inputs]
+        # conv state: the last K-1 columns of [conv state | accepted conv inputs] (the chain's first drafts)
         conv, conv_in = self.pool.conv, self.pool.conv_in
-        if conv is None or conv_in is None or conv.shape[-1] == 0:
+        if conv is None or conv_in is None or conv.shape[-1] == 0 or not slots:
             return
-        width = conv.shape[-1]
-        for s, a in zip(slots, accepted):
-            hist = torch.cat([conv[:, s], conv_in[:, s, :a].transpose(-1, -2)], dim=-1)
-            conv[:, s] = hist[..., -width:]
+        B, N = len(slots), max(accepted)
+        slot_t = torch.as_tensor(slots, dtype=torch.int32, device=dev)
+        acc = torch.as_tensor(accepted, dtype=torch.int32, device=dev)
+        nodes = torch.arange(N, dtype=torch.int32, device=dev).expand(B, N).contiguous()
+        self.family_ops.roll_conv(conv, conv_in, slot_t, acc, nodes)

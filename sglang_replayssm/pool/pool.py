@@ -207,6 +207,15 @@ class ReplayStatePool:
         self.cursor[idx] = self.cursor[src].clone()
         self.folded[idx] = self.folded[src].clone()
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Everything of slot ``src[i]`` into slot ``dst[i]`` (tensors of slot indices on the pool's device):
+        a device op, no checks and no host sync (a row that copies the padding slot 0 onto itself is a no-op;
+        ``fork`` is the checked copy of one slot)."""
+        for t in self._per_slot_tensors():
+            t[:, dst] = t[:, src]
+        for t in (self.cursor, self.folded):
+            t[dst] = t[src]
+
     # ------------------------------------------------------------------ pointer moves
     def advance(self, slots: torch.Tensor) -> None:
         """After a decode step over all layers: ``cursor += 1``; rows that flushed (``cursor + 1 ==

@@ -252,10 +252,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         on = mask.to(torch.bool) & (src > 0) & (dst > 0)
         s = torch.where(on, src, torch.zeros_like(src))
         d = torch.where(on, dst, torch.zeros_like(dst))
-        for t in self.replay._per_slot_tensors():
-            t[:, d] = t[:, s]
-        for t in (self.replay.cursor, self.replay.folded):
-            t[d] = t[s]
+        self.replay.copy_slots(s, d)
         for conv in self.mamba_cache.conv:
             conv[:, d] = conv[:, s]
 

@@ -117,6 +117,33 @@ def test_failed_call_loses_nothing():
                for x, y in zip(before, after))
 
 
+def test_cancel_verify_closes_it_and_leaves_the_pointer():
+    """A cancelled verify accepts nothing: no commit can follow it, the cursor stays, a new verify may open."""
+    pool = make(2, window=4, max_drafts=2)
+    s = pool.alloc(2)
+    pool.begin_verify(s, 2)
+    pool.cancel_verify([s[0]])
+    assert pool.pending(s[0]) == 0 and pool.pending(s[1]) == 2
+    with pytest.raises(CommitError, match="no pending verify"):
+        pool.accept_drafts([s[0]], [1])
+    pool.accept_drafts([s[1]], [1])
+    pool.begin_verify([s[0]], 1)
+    pool.accept_drafts([s[0]], [1])
+    assert pool.cursor[s].tolist() == [1, 1]
+
+
+def test_copy_slots_copies_everything_on_the_device():
+    pool = make(3, window=4, max_drafts=2)
+    s = pool.alloc(3)
+    for t in pool._per_slot_tensors():
+        t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(1)).to(t.dtype))
+    pool.cursor[s[0]], pool.folded[s[0]] = 3, 40
+    pool.copy_slots(torch.tensor([s[0], 0]), torch.tensor([s[2], 0]))
+    for t in pool._per_slot_tensors():
+        assert torch.equal(t[:, s[2]], t[:, s[0]]) and not torch.equal(t[:, s[1]], t[:, s[0]])
+    assert (int(pool.cursor[s[2]]), int(pool.folded[s[2]])) == (3, 40)
+
+
 def test_bytes_and_capacity_vs_snapshot_scheme():
     geo = SSMGeometry("gdn", 32, 128, 128, 16, conv_dim=8192, conv_kernel=4)
     cfg = ReplayConfig(window=16, max_drafts=8)
