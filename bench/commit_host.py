@@ -1,4 +1,4 @@
-"""Host and device time of one speculative commit (pool.commit with the Triton fold and conv roll),
+"""Host and device time of one speculative commit (pool.accept_drafts with the Triton fold and conv roll),
 the part of a verify step that is not in the graph-captured forward (bench/e2e.py times them together).
 
 Per batch size: a Qwen3.5-4B-shaped pool (24 GDN layers, conv_dim 8192), every row verifying T drafts
@@ -39,7 +39,7 @@ def run(B: int, T: int, iters: int, device: str) -> dict:
 
     def step():
         ops.begin_verify(slots, T)
-        ops.commit(slots, acc)
+        ops.accept_drafts(slots, acc)
     for _ in range(4):
         step()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -82,7 +82,7 @@ def plot(paths: list[str], out: str) -> None:
         ax.set_xticklabels([f"B={b}\nT={t}" for b, t in keys])
         ax.set_yscale("log")
         ax.set_ylabel("ms per begin_verify + commit")
-        ax.set_title(f"pool.commit, {title} (H200)")
+        ax.set_title(f"pool.accept_drafts, {title} (H200)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -248,7 +248,7 @@ def verify_bench(cfg, model, batch, T, args, device, timer):
         model.forward(tokens, pos, st.slots, "verify", st.ctx, args.context).argmax(-1)
 
     def commit():
-        st.ops.commit(st.slot_list, accepted)
+        st.ops.accept_drafts(st.slot_list, accepted)
 
     for _ in range(args.window // T + 2):   # every path once (incl. the commit fold) before timing
         st.ops.begin_verify(st.slot_list, T)
@@ -409,7 +409,7 @@ def stub_ssm_kernels(ops, family: str):
         with torch.profiler.record_function("ssm::layer"):
             return torch.zeros_like(inputs[out_like])
 
-    ops.decode_fn = ops.verify_fn = stub
+    ops.family_ops = dataclasses.replace(ops.family_ops, decode=stub, verify=stub)
     return ops
 
 

@@ -15,7 +15,8 @@ Usage:
     env = opts.to_env()                        # hand the options to spawned processes
     opts = ReplaySSMOptions.from_env()         # ... and read them back there
 
-This module imports only the standard library (the pool is imported lazily by replay_config).
+This module imports only the standard library and ``state_formats`` (the pool is imported lazily by
+replay_config).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import json
 import os
 from typing import Mapping, Sequence
 
-CKPT_PRECISIONS = ("fp32", "fp16-sr")
-READ_COPIES = ("none", "fp8", "nvfp4")
+from .state_formats import FLAG_CKPT_PRECISIONS, READ_COPIES, read_copy_geometry_error
+
 MAX_WINDOW = 1024
 ENV_VAR = "SGLANG_REPLAYSSM_OPTIONS"
 
@@ -66,7 +67,7 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         "--replayssm-window", type=_window, default=16, metavar="L",
         help=f"records per sequence folded into the checkpoint at a flush (1..{MAX_WINDOW}, default 16)")
     group.add_argument(
-        "--replayssm-ckpt-precision", choices=CKPT_PRECISIONS, default="fp32",
+        "--replayssm-ckpt-precision", choices=FLAG_CKPT_PRECISIONS, default="fp32",
         help="precision of the recurrence checkpoint (default fp32)")
     group.add_argument(
         "--replayssm-read-copy", choices=READ_COPIES, default="none",
@@ -97,9 +98,9 @@ class ReplaySSMOptions:
             raise FlagError("--replayssm-window", f"expected an integer, got {self.window!r}")
         if not 1 <= self.window <= MAX_WINDOW:
             raise FlagError("--replayssm-window", f"must be in 1..{MAX_WINDOW}, got {self.window}")
-        if self.ckpt_precision not in CKPT_PRECISIONS:
+        if self.ckpt_precision not in FLAG_CKPT_PRECISIONS:
             raise FlagError("--replayssm-ckpt-precision",
-                            f"must be one of {', '.join(CKPT_PRECISIONS)}, got {self.ckpt_precision!r}")
+                            f"must be one of {', '.join(FLAG_CKPT_PRECISIONS)}, got {self.ckpt_precision!r}")
         if self.read_copy not in READ_COPIES:
             raise FlagError("--replayssm-read-copy",
                             f"must be one of {', '.join(READ_COPIES)}, got {self.read_copy!r}")
@@ -113,9 +114,9 @@ class ReplaySSMOptions:
 
     def check_model(self, head_k_dim: int) -> None:
         """Checks that depend on the model's SSM geometry."""
-        if self.read_copy == "nvfp4" and head_k_dim % 16:
-            raise FlagError("--replayssm-read-copy",
-                            f"nvfp4 needs the SSM key dim to be a multiple of 16, the model has {head_k_dim}")
+        error = read_copy_geometry_error(self.read_copy, head_k_dim)
+        if error:
+            raise FlagError("--replayssm-read-copy", error)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReplaySSMOptions":

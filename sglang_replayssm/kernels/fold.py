@@ -169,7 +169,7 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
 
 def fold(pool, layer: int | None, slots, counts, kernel, tuning=None) -> None:
     """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place, of one layer
-    or (layer None) of every layer of the pool in one launch (pool.commit's call), with the family's
+    or (layer None) of every layer of the pool in one launch (pool.accept_drafts' call), with the family's
     fold kernel (`_fold_kernel` here for the scalar-decay families, kda's `_kda_fold_kernel`).
 
     slots / counts: int32 tensors [B] on the pool's device, or sequences of ints. Rows with

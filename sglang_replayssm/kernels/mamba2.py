@@ -409,7 +409,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     """Output-only verify of T Mamba-2 draft tokens per row (x [B, T, H, P], dt [B, T, H],
     B/C [B, T, G, N], z [B, T, H, P] or None; parents [B, T] int32 or None for a chain). Writes the
     draft records at cursor..cursor+T-1 (no state write); returns y [B, T, H, P] in x's dtype.
-    Commit with pool.commit(..., fold=fold). method: "fma" (exact fp32 broadcast products), "mma" (the
+    Commit with pool.accept_drafts (its ops.fold). method: "fma" (exact fp32 broadcast products), "mma" (the
     state-sized products as 3xTF32 tensor-core dots) or None ("mma": 2-3x faster at T = 4..8 on the
     H200). tuning: a KernelTuning (default blocks: tuning.VERIFY_TUNED; stages: the mma launch's
     pipelining, checks.launch_stages; dot_precision: the mma launch's)."""

@@ -324,7 +324,7 @@ def _conv_kernel(x_ptr, state_ptr, w_ptr, bias_ptr, slots_ptr, out0_ptr, out1_pt
         tl.store(out0_ptr + row * S1 + chl, y, mask=m & (ch < S1))
         tl.store(out1_ptr + row * (S2 - S1) + (chl - S1), y, mask=m & (ch >= S1) & (ch < S2))
         tl.store(out2_ptr + row * (C - S2) + (chl - S2), y, mask=m & (ch >= S2))
-    if VERIFY:   # keep the draft tokens' conv inputs; SSMOps.commit / pool.commit moves the state
+    if VERIFY:   # keep the draft tokens' conv inputs; SSMOps.accept_drafts / pool.accept_drafts move the state
         for t in tl.static_range(T):
             v = tl.load(xbase + t * s_xt, mask=m, other=0.0)
             tl.store(cin_ptr + slot * s_cs + t * s_ct + chl, v.to(cin_ptr.dtype.element_ty), mask=m)

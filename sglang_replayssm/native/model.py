@@ -9,7 +9,7 @@ One forward serves three modes, always over a batch `[B, T]` of token ids:
              `pool.write_state` (checkpoint, empty ring); returns logits of the last position only.
   "decode"   T = 1: SSM layers go through the pool (`ops.decode`, ReplaySSM or conventional).
   "verify"   T = 1 + drafts: SSM layers go through `ops.verify` (draft records appended to the ring);
-             the caller commits the accepted prefix (`SSMOps.commit`: pointer move, conv state).
+             the caller commits the accepted prefix (`SSMOps.accept_drafts`: pointer move, conv state).
 Attention layers append K/V at positions `pos .. pos+T-1` of the sequence's KV cache (`KVCache`).
 What a forward reads and writes besides the weights comes in explicitly: a `ForwardContext` (the
 pool, the KV cache, the SSM-layer dispatch). No host synchronisation inside the forward: lengths
@@ -429,7 +429,7 @@ class HybridModel:
         y = (win.float() * self.w[f"b{i}.conv_w"].float()[None, :, None, :]).sum(-1)
         if f"b{i}.conv_b" in self.w:
             y = y + self.w[f"b{i}.conv_b"].float()[None, :, None]
-        if mode == "verify":   # the commit (pool.commit / SSMOps.commit) moves the conv state
+        if mode == "verify":   # the commit (SSMOps.accept_drafts / pool.accept_drafts) moves the conv state
             ctx.pool.conv_in[layer, slots, :T] = xc.to(ctx.pool.conv_in.dtype)
         else:
             ctx.pool.conv[layer, slots] = xa[:, :, T:].to(ctx.pool.conv.dtype)

@@ -1,11 +1,14 @@
-"""SSM-layer dispatch of the native engine: which implementation runs prefill, decode and verify.
+"""SSM-layer dispatch of the native engine: what runs an SSM layer's prefill, decode and verify.
 
-* prefill: the plain recurrence (`reference.<family>.conventional_step`) token by token, from the
-  state in the pool (`pool.materialize`) to `pool.write_state` (checkpoint + read copy, empty ring).
-* decode / verify: `<family>.decode` / `<family>.verify` on the pool, from `sglang_replayssm.kernels`
-  on CUDA when that module has them, else from `sglang_replayssm.reference` (same signatures).
-  A pool in `mode="conventional"` makes the same calls do conventional decoding (the baseline);
-  on CUDA the kernels' `conventional_decode` updates the state in place.
+The operations come from one `family_ops.FamilyOps`, chosen once from the family, the pool's device
+and `kernels` (the engine's `--kernels`: auto | triton | reference), and handed to the pool too
+(`pool.ops`: the commit's fold and conv roll come from the same backend).
+
+* prefill: the plain recurrence (`conventional_step`) token by token, from the state in the pool
+  (`pool.materialize`) to `pool.write_state` (checkpoint + read copy, empty ring).
+* decode / verify: the ReplaySSM `decode` / `verify` on the pool. A pool in `mode="conventional"`
+  (the baseline) decodes with `conventional_decode` (the state updated in place) and verifies with
+  `conventional_verify` (one state snapshot per draft).
 * `decode_options` / `verify_options`: keyword arguments for the Triton decode / verify wrappers
   (`method`, `tuning`: a `kernels.tuning.KernelTuning` of block sizes, warps, stages), checked against
   their signatures; unused by the reference path.
@@ -20,29 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import inspect
 
 import torch
 
-from ..reference import FAMILY_MODULES
+from ..family_ops import FamilyOps
 
 # positions of the per-token inputs (those with a T axis) in each family's raw-input tuple
 TIMED = {"mamba2": (0, 1, 3, 4), "gdn": (0, 1, 2, 3, 4)}
-
-
-def kernel_module(family: str, device, kernels: str = "auto"):
-    """The Triton module of `family`, or None. kernels: "auto" (on CUDA when importable), "triton"
-    (also on CPU, where Triton runs under TRITON_INTERPRET=1: tests), "reference" (never)."""
-    if kernels == "reference" or (kernels == "auto" and torch.device(device).type != "cuda"):
-        return None
-    try:
-        mod = importlib.import_module(f"sglang_replayssm.kernels.{family}")
-    except Exception:   # noqa: BLE001 - kernels are optional; the reference is always there
-        if kernels == "triton":
-            raise
-        return None
-    return mod
 
 
 def _options(fn, options, what: str) -> dict:
@@ -58,35 +46,23 @@ def _options(fn, options, what: str) -> dict:
 
 
 class SSMOps:
+    """The SSM layers' operations for the engine's pool (see the module docstring). `backend` /
+    `verify_backend`: "triton" or "reference" (the engine's stats)."""
+
     def __init__(self, family: str, pool, replay_verify: bool = True, kernels: str = "auto",
                  decode_options: dict | None = None, verify_options: dict | None = None):
         if kernels not in ("auto", "triton", "reference"):
             raise ValueError(f"kernels must be auto, triton or reference, got {kernels!r}")
         self.family, self.pool, self.replay_verify = family, pool, replay_verify
-        self.ref = FAMILY_MODULES[family]
-        kern = kernel_module(family, pool.device, kernels)
-        self.decode_fn = getattr(kern, "decode", None) or self.ref.decode
-        self.verify_fn = getattr(kern, "verify", None) or self.ref.verify
-        self.conv_decode_fn = getattr(kern, "conventional_decode", None)
-        self.fold_fn = None
-        if kern is not None and hasattr(kern, "fold"):
-            dev = pool.device
-            self.fold_fn = lambda p, layer, slots, counts: kern.fold(   # noqa: E731
-                p, layer, torch.as_tensor(slots, dtype=torch.int32, device=dev),
-                torch.as_tensor(counts, dtype=torch.int32, device=dev))
-        self.backend = "triton" if self.decode_fn is not self.ref.decode else "reference"
-        self.verify_backend = "triton" if self.verify_fn is not self.ref.verify else "reference"
+        self.family_ops = FamilyOps.select(family, pool.device, kernels)
+        pool.ops = self.family_ops   # the commit's fold and conv roll: the same backend
+        self.backend = self.verify_backend = self.family_ops.backend
         self.conventional = pool.cfg.mode == "conventional"
-        self.decode_kw = _options(getattr(kern, "decode", None), decode_options, "decode")
-        self.verify_kw = _options(getattr(kern, "verify", None), verify_options, "verify")
-        if kern is None:   # the reference takes no tuning options
-            self.decode_kw, self.verify_kw = {}, {}
+        self.decode_kw, self.verify_kw = {}, {}   # the reference takes no tuning options
+        if self.backend == "triton":
+            self.decode_kw = _options(self.family_ops.decode, decode_options, "decode")
+            self.verify_kw = _options(self.family_ops.verify, verify_options, "verify")
         self._snaps = {}   # snapshot verify: layer -> states [B, T, H, Dv, Dk]
-        # the split decode's flush-row list, once per decode step for every layer (forward_scope)
-        self._flush_list_fn = None
-        if kern is not None and "flush_list" in inspect.signature(kern.decode).parameters:
-            from ..kernels import split_decode
-            self._flush_list_fn = split_decode.flush_list
         self._flush = None   # (slots, function returning (rows, count)) inside a decode forward_scope
 
     @property
@@ -100,8 +76,9 @@ class SSMOps:
         one list launch per layer; run() hands the kernels a function that builds it on the first split
         decode that asks (a fused decode, at small batches, never does), for that same slots tensor, until
         the scope ends."""
-        if mode == "decode" and self._flush_list_fn is not None and not self.conventional and slots.numel():
-            build = functools.cache(lambda: self._flush_list_fn(slots, self.pool.cursor, self.pool.cfg.window)[:2])
+        flush_list = self.family_ops.flush_list
+        if mode == "decode" and flush_list is not None and not self.conventional and slots.numel():
+            build = functools.cache(lambda: flush_list(slots, self.pool.cursor, self.pool.cfg.window)[:2])
             self._flush = (slots, build)
         try:
             yield
@@ -114,11 +91,12 @@ class SSMOps:
 
     def run(self, layer: int, slots: torch.Tensor, mode: str, inputs: tuple, T: int) -> torch.Tensor:
         """Output [B, T, H, Dv] of one SSM layer for raw inputs with a T axis."""
+        ops = self.family_ops
         if mode == "prefill":
             state = self.pool.materialize(layer, slots.tolist()).float()
             outs = []
             for t in range(T):
-                o, state = self.ref.conventional_step(state, *self._at(inputs, t))
+                o, state = ops.conventional_step(state, *self._at(inputs, t))
                 outs.append(o)
             self.pool.write_state(layer, slots.tolist(), state)
             return torch.stack(outs, dim=1)
@@ -127,38 +105,38 @@ class SSMOps:
         if mode == "decode":
             step = tuple(x.contiguous() for x in self._at(inputs, 0))
             if self.conventional:
-                if self.conv_decode_fn is not None:
-                    return self.conv_decode_fn(self.pool.ckpt[layer], slots, *step).unsqueeze(1)
-                return self.ref.decode(self.pool, layer, slots, *step).unsqueeze(1)
+                return ops.conventional_decode(self.pool.ckpt[layer], slots, *step).unsqueeze(1)
             kw = self.decode_kw
             if self._flush is not None and self._flush[0] is slots:
                 kw = dict(kw, flush_list=self._flush[1])
-            return self.decode_fn(self.pool, layer, slots, *step, **kw).unsqueeze(1)
+            return ops.decode(self.pool, layer, slots, *step, **kw).unsqueeze(1)
         if self.snapshot_verify:
             state = self.pool.ckpt[layer, slots].float()     # cursors are 0: see begin_verify
             outs, states = [], []
             for t in range(T):
-                o, state = self.ref.conventional_step(state, *self._at(inputs, t))
+                o, state = ops.conventional_step(state, *self._at(inputs, t))
                 outs.append(o)
                 states.append(state)
             self._snaps[layer] = torch.stack(states, dim=1)
             return torch.stack(outs, dim=1)
-        if self.conventional:   # the pool keeps one snapshot per draft (reference path)
-            return self.ref.verify(self.pool, layer, slots, *inputs)
-        return self.verify_fn(self.pool, layer, slots, *(x.contiguous() for x in inputs), **self.verify_kw)
+        if self.conventional:   # the pool keeps one snapshot per draft
+            return ops.conventional_verify(self.pool, layer, slots, *inputs)
+        return ops.verify(self.pool, layer, slots, *(x.contiguous() for x in inputs), **self.verify_kw)
 
     # ------------------------------------------------------------------ verify bookkeeping
     def begin_verify(self, slots: list, T: int) -> None:
         if self.snapshot_verify:
-            self.pool.force_flush(slots, fold=self.fold_fn)   # the snapshot scheme starts from a full state
+            self.pool.force_flush(slots)   # the snapshot scheme starts from a full state
             self._snaps = {}
         else:
             self.pool.begin_verify(slots, T)
 
-    def commit(self, slots: list, accepted: list) -> None:
-        """Keep the first accepted[i] verified tokens of each row (>= 1)."""
+    def accept_drafts(self, slots: list, accepted: list) -> None:
+        """Keep the first accepted[i] verified tokens of each row (>= 1): the pool accepts the drafts
+        (`pool.accept_drafts`: pointer move, fold, conv roll), or, with the snapshot verify, the last
+        accepted draft's state becomes the checkpoint and the conv state moves past the accepted inputs."""
         if not self.snapshot_verify:
-            self.pool.commit(slots, accepted, fold=self.fold_fn)
+            self.pool.accept_drafts(slots, accepted)
             return
         dev = self.pool.device
         rows = torch.arange(len(slots), device=dev)
@@ -167,11 +145,12 @@ class SSMOps:
             self.pool.write_state(layer, slots, states[rows, last])
         self.pool.note_prefill(slots, accepted)
         self._snaps = {}
-        # conv state: the last K-1 columns of [conv state | accepted conv inputs]
+        # conv state: the last K-1 columns of [conv state | accepted conv inputs] (the chain's first drafts)
         conv, conv_in = self.pool.conv, self.pool.conv_in
-        if conv is None or conv_in is None or conv.shape[-1] == 0:
+        if conv is None or conv_in is None or conv.shape[-1] == 0 or not slots:
             return
-        width = conv.shape[-1]
-        for s, a in zip(slots, accepted):
-            hist = torch.cat([conv[:, s], conv_in[:, s, :a].transpose(-1, -2)], dim=-1)
-            conv[:, s] = hist[..., -width:]
+        B, N = len(slots), max(accepted)
+        slot_t = torch.as_tensor(slots, dtype=torch.int32, device=dev)
+        acc = torch.as_tensor(accepted, dtype=torch.int32, device=dev)
+        nodes = torch.arange(N, dtype=torch.int32, device=dev).expand(B, N).contiguous()
+        self.family_ops.roll_conv(conv, conv_in, slot_t, acc, nodes)

@@ -3,7 +3,7 @@ a batch, one speculative step of a batch (draft -> verify -> accept -> commit ->
 
 Every forward gets the same explicit `ForwardContext` (pool, KV cache, SSM ops; model.py). A decode
 step moves each row's ring cursor (`pool.advance`); a verify step appends 1 + drafts records per row
-(`SSMOps.begin_verify`) and keeps the accepted prefix (`SSMOps.commit`: a pointer move, the conv state).
+(`SSMOps.begin_verify`) and keeps the accepted prefix (`SSMOps.accept_drafts`: a pointer move, the conv state).
 Each step adds its SSM state traffic to the counters (step_stats.py). A row's sampling or emission
 error fails that row alone; an exception out of a step (the batched forward) is the caller's.
 """
@@ -128,7 +128,7 @@ class StepRunner:
             self.counters["rollbacks"] += T - (n + 1)   # rejected draft records (sglang_replayssm.accounting)
         # commit: each row keeps its accepted records (>= 1), the rest of the ring is rolled back
         accepted = [max(len(toks), 1) for toks in emitted]
-        self.ctx.ops.commit(slot_list, accepted)
+        self.ctx.ops.accept_drafts(slot_list, accepted)
         mode = "replay" if not (self.conventional or self.ctx.ops.snapshot_verify) else "snapshot"
         account_verify(self.sizes, self.counters, mode, self.pool.cfg.window, cursors, accepted, T)
         # emit: the accepted tokens of each row that did not fail

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..state_formats import CKPT_PRECISIONS, READ_COPIES, read_copy_geometry_error
 from .errors import ConfigError
 
 FAMILIES = ("mamba2", "gdn", "kda")
-CKPT_PRECISIONS = {"fp32": torch.float32, "fp16-sr": torch.float16, "fp64": torch.float64}
-READ_COPIES = ("none", "fp8", "nvfp4")
+CKPT_DTYPES = {"fp32": torch.float32, "fp16-sr": torch.float16, "fp64": torch.float64}   # by CKPT_PRECISIONS
 MODES = ("replay", "conventional")
 RECORD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -79,7 +79,7 @@ class ReplayConfig:
         if not isinstance(self.max_drafts, int) or self.max_drafts < 0:
             raise ConfigError(f"max_drafts must be an integer >= 0, got {self.max_drafts!r}")
         if self.ckpt not in CKPT_PRECISIONS:
-            raise ConfigError(f"ckpt precision must be one of {tuple(CKPT_PRECISIONS)}, got {self.ckpt!r}")
+            raise ConfigError(f"ckpt precision must be one of {CKPT_PRECISIONS}, got {self.ckpt!r}")
         if self.read_copy not in READ_COPIES:
             raise ConfigError(f"read_copy must be one of {READ_COPIES}, got {self.read_copy!r}")
         if self.mode not in MODES:
@@ -95,13 +95,19 @@ class ReplayConfig:
         if self.ckpt == "fp64" and self.read_copy != "none":
             raise ConfigError("ckpt='fp64' is for exactness tests: it cannot be combined with a quantized read copy")
 
+    def check_geometry(self, geometry: SSMGeometry) -> None:
+        """The checks that need the states' shape (``state_formats.read_copy_geometry_error``)."""
+        error = read_copy_geometry_error(self.read_copy, geometry.head_k_dim)
+        if error:
+            raise ConfigError(f"read_copy={self.read_copy!r}: {error}")
+
     @property
     def ring_capacity(self) -> int:
         return self.window + self.max_drafts
 
     @property
     def ckpt_dtype(self) -> torch.dtype:
-        return CKPT_PRECISIONS[self.ckpt]
+        return CKPT_DTYPES[self.ckpt]
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -3,17 +3,19 @@ of SSM layers of one family. Layout: docs/layout.md. Engine-agnostic: the native
 SGLang plugin both keep their SSM states here.
 
 The pool owns storage, slot bookkeeping and the pointer moves (``advance`` after a decode step,
-``commit`` after a verify). The arithmetic that reads and writes states (decode, verify, the fold of a
-flush) lives in ``reference/`` (PyTorch) and ``kernels/`` (Triton), with the same signatures.
+``accept_drafts`` after a verify). The arithmetic that reads and writes states (decode, verify, the
+fold of a flush, the conv roll, a prefill's checkpoint store) is the ``ops`` it is given: a
+``family_ops.FamilyOps`` of ``reference/`` (PyTorch, the default) or ``kernels/`` (Triton).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
+from ..family_ops import FamilyOps
 from .config import ReplayConfig, SSMGeometry
 from .errors import BadSlotError, CommitError, ConfigError, DoubleFreeError, DraftOverflowError, PoolExhaustedError
 
@@ -73,10 +75,13 @@ class SlotAllocator:
 
 
 class ReplayStatePool:
-    """See module docstring and docs/layout.md for the tensors."""
+    """See module docstring and docs/layout.md for the tensors. ``ops``: the ``FamilyOps`` whose fold,
+    conv roll, checkpoint store and committed state the pool calls (default: the PyTorch reference of
+    the geometry's family); an engine that owns the pool may set ``pool.ops`` before its first step."""
 
     def __init__(self, geometry: SSMGeometry, num_layers: int, num_slots: int, config: ReplayConfig | None = None,
-                 device: str | torch.device = "cpu", act_dtype: torch.dtype = torch.float32):
+                 device: str | torch.device = "cpu", act_dtype: torch.dtype = torch.float32,
+                 ops: FamilyOps | None = None):
         if num_layers < 1:
             raise ConfigError(f"num_layers must be >= 1, got {num_layers}")
         self.geo = geometry
@@ -85,12 +90,12 @@ class ReplayStatePool:
         self.num_slots = num_slots
         self.device = torch.device(device)
         self.act_dtype = act_dtype
+        self.ops = ops if ops is not None else FamilyOps.reference(geometry.family)
         self.allocator = SlotAllocator(num_slots)
         g, c = geometry, self.cfg
         nl, S = num_layers, num_slots + 1
         H, Dv, Dk, Hk = g.num_heads, g.head_v_dim, g.head_k_dim, g.num_k_heads
-        if c.read_copy == "nvfp4" and Dk % 16:
-            raise ConfigError(f"read_copy='nvfp4' needs head_k_dim to be a multiple of 16, got {Dk}")
+        c.check_geometry(geometry)
         z = dict(device=self.device)
         self.ckpt = torch.zeros(nl, S, H, Dv, Dk, dtype=c.ckpt_dtype, **z)
         self.rc = self.rc_scale = self.rc_gscale = None
@@ -202,6 +207,15 @@ class ReplayStatePool:
         self.cursor[idx] = self.cursor[src].clone()
         self.folded[idx] = self.folded[src].clone()
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Everything of slot ``src[i]`` into slot ``dst[i]`` (tensors of slot indices on the pool's device):
+        a device op, no checks and no host sync (a row that copies the padding slot 0 onto itself is a no-op;
+        ``fork`` is the checked copy of one slot)."""
+        for t in self._per_slot_tensors():
+            t[:, dst] = t[:, src]
+        for t in (self.cursor, self.folded):
+            t[dst] = t[src]
+
     # ------------------------------------------------------------------ pointer moves
     def advance(self, slots: torch.Tensor) -> None:
         """After a decode step over all layers: ``cursor += 1``; rows that flushed (``cursor + 1 ==
@@ -226,18 +240,25 @@ class ReplayStatePool:
             self._pending[s] = (num_drafts, None if parents is None else list(parents[i]))
 
     def pending(self, slot: int) -> int:
+        """Draft tokens of the slot's open verify (0: none open)."""
         return self._pending.get(slot, (0, None))[0]
 
-    def commit(self, slots: Sequence[int], accepted: Sequence[int], paths: Sequence[Sequence[int]] | None = None,
-               fold: Callable | None = None) -> None:
+    def cancel_verify(self, slots: Sequence[int]) -> None:
+        """Close the open verify of ``slots`` without accepting anything (a verify whose acceptance never
+        came): its draft records stay behind the cursor, like rejected ones."""
+        for s in slots:
+            self._pending.pop(int(s), None)
+
+    def accept_drafts(self, slots: Sequence[int], accepted: Sequence[int],
+                      paths: Sequence[Sequence[int]] | None = None) -> None:
         """Accept, per slot, ``accepted[i]`` of its pending drafts: the chain prefix, or (tree drafts)
         the nodes ``paths[i]`` from root to leaf. The ring pointer moves; rejected records are simply
-        left behind. Rows that reach the window fold their records into the checkpoint: ``fold(pool,
-        None, slots, counts)`` (``kernels.<family>.fold``; layer None: every layer) is called once with
-        every committed row as int32 device tensors, count 0 meaning "leave the row alone", so a chain
-        commit waits on no device result; without ``fold``, ``reference.replay.fold_rows`` folds the full
-        rows only, layer by layer. On CUDA a chain commit of up to COMMIT_GRAPH_MAX_BATCH rows replays a
-        CUDA graph of that device work (_commit_graphed)."""
+        left behind. Rows that reach the window fold their records into the checkpoint:
+        ``ops.fold(pool, None, slots, counts)`` (layer None: every layer) is called once with every
+        accepted row as int32 device tensors, count 0 meaning "leave the row alone" (the Triton fold
+        waits on no device result); then ``ops.roll_conv`` moves the conv states. On CUDA, with a fold
+        on the device, a chain commit of up to COMMIT_GRAPH_MAX_BATCH rows replays a CUDA graph of that
+        device work (_commit_graphed)."""
         slots = self.check_slots(slots)
         accepted = [int(a) for a in accepted]
         if len(accepted) != len(slots) or (paths is not None and len(paths) != len(slots)):
@@ -265,12 +286,12 @@ class ReplayStatePool:
         # every index the commit needs, in one host -> device copy: slots, accepted counts, padded paths
         B = len(slots)
         chain = all(p == list(range(len(p))) for p in node_paths)
-        graph = (self.cfg.mode != "conventional" and chain and fold is not None and self.device.type == "cuda"
+        graph = (self.cfg.mode != "conventional" and chain and self.ops.fold_on_device and self.device.type == "cuda"
                  and B <= COMMIT_GRAPH_MAX_BATCH and not torch.cuda.is_current_stream_capturing())
         N = self.cfg.max_drafts if graph else max([len(p) for p in node_paths] + [1])
         values = slots + [len(p) for p in node_paths] + [n for p in node_paths for n in p + [0] * (N - len(p))]
         if graph:
-            self._commit_graphed(values, B, N, fold)
+            self._commit_graphed(values, B, N)
             return
         buf = self._staged_copy(None, values)
         if self.cfg.mode == "conventional":
@@ -279,7 +300,7 @@ class ReplayStatePool:
             return
         if not chain:   # tree: the accepted nodes' records to the front first
             self._compact_paths(slots, node_paths, buf[:B].long())
-        self._commit_chain(buf, B, N, fold, slots)
+        self._commit_chain(buf, B, N)
 
     def _stage(self, values: list[int]) -> torch.Tensor:
         """values in a reused pinned host buffer (int32), for one queued copy to the device (a copy from
@@ -303,12 +324,12 @@ class ReplayStatePool:
         self._staged.record()
         return out
 
-    def _commit_graphed(self, values: list[int], B: int, N: int, fold: Callable) -> None:
+    def _commit_graphed(self, values: list[int], B: int, N: int) -> None:
         """A chain commit of B rows as a replay of a CUDA graph of its device work (_commit_chain): the
         indices go into the graph's input buffer (one copy) and one replay launches the fold, the pointer
         moves and the conv roll, instead of ~15 eager launches (their host time is most of a small batch's
         commit). The first commit of B rows runs eagerly, then captures."""
-        key = (B, id(fold))
+        key = (B, id(self.ops.fold))
         hit = self._commit_graphs.get(key)
         if hit:
             graph, static = hit
@@ -316,18 +337,18 @@ class ReplayStatePool:
             graph.replay()
             return
         if key in self._commit_graphs:                  # capture failed before: eager for good
-            self._commit_chain(self._staged_copy(None, values), B, N, fold)
+            self._commit_chain(self._staged_copy(None, values), B, N)
             return
         static = self._staged_copy(torch.empty(len(values), dtype=torch.int32, device=self.device), values)
-        self._commit_chain(static, B, N, fold)         # this commit (and every kernel compiled)
+        self._commit_chain(static, B, N)               # this commit (and every kernel compiled)
         if len(self._commit_graphs) >= COMMIT_GRAPH_MAX_BATCH:
             self._commit_graphs.pop(next(iter(self._commit_graphs)))
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):   # recorded, not run
-                self._commit_chain(static, B, N, fold)
+                self._commit_chain(static, B, N)
         except RuntimeError as e:   # e.g. another thread's launch broke the capture: this commit is done
-            logger.warning("pool.commit: CUDA graph capture for %d rows failed (%s); committing eagerly", B, e)
+            logger.warning("pool.accept_drafts: CUDA graph capture for %d rows failed (%s); committing eagerly", B, e)
             self._commit_graphs[key] = None
             return
         self._commit_graphs[key] = (graph, static)
@@ -341,25 +362,17 @@ class ReplayStatePool:
                 for t in (self.rec_d, self.rec_k, self.rec_g):
                     t[:, s, dst] = t[:, s, src]
 
-    def _commit_chain(self, buf: torch.Tensor, B: int, N: int, fold: Callable | None,
-                      slots: list[int] | None = None) -> None:
+    def _commit_chain(self, buf: torch.Tensor, B: int, N: int) -> None:
         """A commit's device work, from buf = [slots (B) | accepted counts (B) | paths (B x N)] (int32,
         the accepted records already at cursor..): the pointer moves, rows that reach the window fold
-        (``fold(pool, None, slots, counts)``: every layer, count 0 = untouched; without fold the reference
-        folds the host's slots row by row), then the conv states roll. No host sync with fold."""
+        (``ops.fold(pool, None, slots, counts)``: every layer, count 0 = untouched), then the conv states
+        roll. No host sync with a fold on the device."""
         rows, acc, nodes = self._commit_indices(buf, B, N)
         idx = rows.long()
         new_t = self.cursor[idx].long() + acc
         flushed = new_t >= self.cfg.window
         counts = torch.where(flushed, new_t, torch.zeros_like(new_t))
-        if fold is not None:
-            fold(self, None, rows, counts.to(torch.int32))
-        else:
-            from ..reference.replay import fold_rows
-            full = [(s, n) for s, n in zip(slots, counts.tolist()) if n > 0]
-            if full:
-                for layer in range(self.num_layers):
-                    fold_rows(self, layer, [s for s, _ in full], [n for _, n in full])
+        self.ops.fold(self, None, rows, counts.to(torch.int32))
         self.folded[idx] += counts
         self.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(self.cursor.dtype)
         self._roll_conv(rows, acc, nodes)
@@ -381,33 +394,19 @@ class ReplayStatePool:
     def _roll_conv(self, rows: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor) -> None:
         """Conv state after the accepted tokens (rows [B] slots, acc [B] accepted counts, nodes [B, N] their
         paths, padded; acc 0 leaves a row as it is): column j of the new state is column a + j of (old
-        state, the a accepted drafts' conv inputs along their path). On CUDA one Triton launch does every
-        layer and row in place (kernels.conv_state.roll_conv_state); elsewhere (the reference) each column
-        is gathered straight from where it lives (one gather from the old states, one from the drafts'
-        inputs, a select), so a commit moves about three conv states per row instead of all T drafts' inputs."""
+        state, the a accepted drafts' conv inputs along their path), every layer in place
+        (``ops.roll_conv``: one Triton launch, or the reference's gathers)."""
         if self.conv is None or self.conv_in is None or self.conv.shape[-1] == 0:
             return
-        if self.device.type == "cuda":
-            from ..kernels.conv_state import roll_conv_state
-            roll_conv_state(self.conv, self.conv_in, rows, acc, nodes)
-            return
-        width, N = self.conv.shape[-1], nodes.shape[1]
-        idx = rows.long()[:, None]                                                              # [B, 1]
-        pos = acc.long()[:, None] + torch.arange(width, device=self.device)                    # [B, width]
-        old = self.conv[:, idx, :, pos.clamp(max=width - 1)]                                   # [B, width, nl, C]
-        node = torch.gather(nodes.long(), 1, (pos - width).clamp(0, N - 1))                    # [B, width]
-        new = self.conv_in[:, idx, node]                                                       # [nl, B, width, C]
-        col = torch.where((pos < width)[None, :, :, None], old.permute(2, 0, 1, 3), new)      # [nl, B, width, C]
-        self.conv[:, idx[:, 0]] = col.transpose(-1, -2)
+        self.ops.roll_conv(self.conv, self.conv_in, rows, acc, nodes)
 
     # ------------------------------------------------------------------ whole-state access
     def write_state(self, layer: int, slots: Sequence[int], state: torch.Tensor) -> None:
         """Prefill result: ``state [B, H, Dv, Dk]`` becomes the checkpoint (and read copy); ring empty."""
-        from ..reference.replay import store_checkpoint
         slots = self.check_slots(slots)
         if self.cfg.mode == "replay" and (self.cursor[self._index(slots)] != 0).any():
             raise CommitError("write_state on a slot with uncommitted records: it would drop them")
-        store_checkpoint(self, layer, slots, state)
+        self.ops.store_checkpoint(self, layer, slots, state)
 
     def note_prefill(self, slots: Sequence[int], num_tokens: Sequence[int]) -> None:
         """Count prefilled tokens as folded (the stochastic-rounding stream advances with them)."""
@@ -416,10 +415,9 @@ class ReplayStatePool:
 
     def materialize(self, layer: int, slots: Sequence[int]) -> torch.Tensor:
         """The current full state ``[B, H, Dv, Dk]`` of each slot (checkpoint + committed records)."""
-        from ..reference.replay import committed_state
-        return torch.stack([committed_state(self, layer, s) for s in self.check_slots(slots)])
+        return torch.stack([self.ops.committed_state(self, layer, s) for s in self.check_slots(slots)])
 
-    def force_flush(self, slots: Sequence[int], fold: Callable | None = None) -> None:
+    def force_flush(self, slots: Sequence[int]) -> None:
         """Fold committed records into the checkpoint now (e.g. at a prefix-cache boundary)."""
         slots = self.check_slots(slots)
         if self.cfg.mode != "replay":
@@ -431,10 +429,8 @@ class ReplayStatePool:
         rows = [(s, c) for s, c in zip(slots, cur) if c > 0]
         if not rows:
             return
-        if fold is None:
-            from ..reference.replay import fold_rows as fold
         for layer in range(self.num_layers):
-            fold(self, layer, [s for s, _ in rows], [c for _, c in rows])
+            self.ops.fold(self, layer, [s for s, _ in rows], [c for _, c in rows])
         for s, c in rows:
             self.folded[s] += c
             self.cursor[s] = 0

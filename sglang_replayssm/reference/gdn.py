@@ -6,6 +6,7 @@ Per value head ``h`` (k-head ``h // (H // Hk)``), with q, k L2-normalized and q 
     S' = alpha * S;   d = beta * (v - S' k);   S = S' + d k^T;   o = S q      S: [V, K]
 
 ReplaySSM record per token: ``d [H, V]``, ``k [Hk, K]``, ``g [H]``.
+``decode``, ``verify``, ``conventional_decode`` and ``fold`` have the signatures of ``kernels.gdn``'s.
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ def conventional_step(state, q, k, v, a, b, A_log, dt_bias, scale=None):
     H = v.shape[-2]
     gf = g if g.dim() == v.dim() else g.unsqueeze(-1).expand(*g.shape, state.shape[-1])  # KDA is per channel already
     return core.conventional_step(state, core.expand_heads(qn, H), core.expand_heads(kn, H), v, gf, beta)
+
+
+def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None):
+    """Conventional decode on a state table: the rows ``state[slots]`` (``state [S, H, V, K]``, e.g.
+    ``pool.ckpt[layer]``) step one token, in place. Returns ``o [B, H, V]`` in compute precision."""
+    idx = slots.long()
+    o, new = conventional_step(state[idx].to(core.compute_dtype(state)), q, k, v, a, b, A_log, dt_bias, scale)
+    state[idx] = new.to(state.dtype)
+    return o
+
+
+fold = replay.fold
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None):

@@ -13,6 +13,8 @@ from __future__ import annotations
 from . import gdn
 
 conventional_step = gdn.conventional_step
+conventional_decode = gdn.conventional_decode
 decode = gdn.decode
 verify = gdn.verify
+fold = gdn.fold
 prep = gdn.prep

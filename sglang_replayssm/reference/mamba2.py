@@ -7,6 +7,7 @@ Per head ``h`` (group ``h // (H // G)``)::
     y  = S C + D * x                   (then y * silu(z) when z is given)
 
 ReplaySSM record per token: ``u = dt * x [H, P]``, ``B [G, N]``, ``g = dt * A [H]``.
+``decode``, ``verify``, ``conventional_decode`` and ``fold`` have the signatures of ``kernels.mamba2``'s.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ def conventional_step(state, x, dt, A, B, C, D, dt_bias, z=None):
     g = g.unsqueeze(-1).expand(*g.shape, state.shape[-1])
     o, S = core.conventional_step(state, core.expand_heads(q, H), core.expand_heads(k, H), u, g, None)
     return _finish(o, x, D, z), S
+
+
+def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None):
+    """Conventional decode on a state table: the rows ``state[slots]`` (``state [S, H, P, N]``, e.g.
+    ``pool.ckpt[layer]``) step one token, in place. Returns ``y [Bt, H, P]`` in compute precision."""
+    idx = slots.long()
+    y, new = conventional_step(state[idx].to(core.compute_dtype(state)), x, dt, A, B, C, D, dt_bias, z)
+    state[idx] = new.to(state.dtype)
+    return y
+
+
+fold = replay.fold
 
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None):

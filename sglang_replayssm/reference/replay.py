@@ -2,7 +2,8 @@
 
 These take the generic form of ``core`` (``q, k`` per k-head, ``v`` or ``u`` per value head, log-decay
 ``g``, ``beta``); the family modules turn raw model inputs into it. Rows are processed one by one:
-slow and obvious, the oracle for the Triton kernels (same effects on the pool's tensors).
+slow and obvious, the oracle for the Triton kernels (same effects on the pool's tensors). A pool is
+any object with the ``ReplayStatePool`` tensors and configuration: nothing here imports the pool.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections.abc import Sequence
 
 import torch
 
-from ..pool.errors import DraftOverflowError
 from . import core
 from .quant import (dequant_fp8_rows, dequant_nvfp4, fake_quant, quant_fp8_rows, quant_nvfp4, round_fp16_sr,
                     state_element_index)
@@ -84,6 +84,21 @@ def fold_rows(pool, layer: int, slots: Sequence[int], counts: Sequence[int]) -> 
     store_checkpoint(pool, layer, slots, torch.stack(states), streams)
 
 
+def fold(pool, layer: int | None, slots, counts) -> None:
+    """The kernels' ``fold`` signature: records ``0 .. counts[b]-1`` of ``slots[b]`` into the checkpoint
+    (and read copy) of ``layer``, or of every layer (None); rows with count 0 are untouched and cursors
+    do not move. ``slots`` / ``counts``: int sequences or tensors (read on the host)."""
+    if isinstance(slots, torch.Tensor):
+        slots = slots.tolist()
+    if isinstance(counts, torch.Tensor):
+        counts = counts.tolist()
+    rows = [(int(s), int(n)) for s, n in zip(slots, counts) if int(n) > 0]
+    if not rows:
+        return
+    for lay in range(pool.num_layers) if layer is None else (layer,):
+        fold_rows(pool, lay, [s for s, _ in rows], [n for _, n in rows])
+
+
 def _write_record(pool, layer: int, slot: int, pos: int, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> None:
     pool.rec_d[layer, slot, pos] = d.to(pool.rec_d.dtype)
     pool.rec_k[layer, slot, pos] = k.to(pool.rec_k.dtype)
@@ -135,7 +150,7 @@ def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
     dt = cfg.compute_dtype
     B, T = v.shape[:2]
     if T > cfg.max_drafts:
-        raise DraftOverflowError(f"{T} drafts exceed max_drafts={cfg.max_drafts}")
+        raise ValueError(f"{T} drafts exceed max_drafts={cfg.max_drafts}")
     out = torch.empty(v.shape, dtype=dt, device=v.device)
     for b, s in enumerate(slots.tolist()):
         par = None if parents is None else [int(p) for p in parents[b]]

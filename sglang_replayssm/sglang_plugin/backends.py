@@ -2,9 +2,9 @@
 
 SGLang calls its state kernels with ``ssm_states`` = ``mamba_cache.temporal[layer]``. With the ReplaySSM
 pool that tensor is our checkpoint, so each hook looks the tensor up (``pool.lookup_layer``): a hit
-means "this layer lives in a ReplayMambaPool" and the call goes to
-``sglang_replayssm.{kernels,reference}.<family>.decode / verify``; a miss (ReplaySSM off, draft
-models with SGLang's pool, other models) calls SGLang's kernel unchanged.
+means "this layer lives in a ReplayMambaPool" and the call goes to that pool's ``decode / verify``
+(``pool.replay.ops``: the Triton kernels or the PyTorch reference, chosen when the pool was built); a
+miss (ReplaySSM off, draft models with SGLang's pool, other models) calls SGLang's kernel unchanged.
 
 * Mamba-2 (Nemotron-H, ``MambaMixer2``): ``selective_state_update`` (``ssu_dispatch``), the single
   entry the mixer uses for decode (``x [B, H, P]``) and target verify (``x [B, T, H, P]``).
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import torch
 
-from .ops import family_op
 from .pool import lookup_layer
 
 # ----------------------------------------------------------------------------- helpers
@@ -70,10 +69,10 @@ def mamba2_selective_state_update(original, state, x, dt, A, B, C, D=None, z=Non
     A_h, D_h, bias_h = _c(_per_head(A, H, x).float(), _per_head(D, H, x).float(), _per_head(dt_bias, H, x).float())
     x, dt_h, B, C, z = _c(x, dt_h, B, C, z)
     if x.dim() == 3:
-        y = family_op("mamba2", "decode", x.device)(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z)
+        y = pool.replay.ops.decode(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z)
     else:
-        y = family_op("mamba2", "verify", x.device)(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z,
-                       parents=pool.verify_parents)
+        y = pool.replay.ops.verify(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z,
+                                   parents=pool.verify_parents)
     if out is None:
         return y.to(x.dtype)
     out.copy_(y.reshape(out.shape).to(out.dtype))
@@ -92,8 +91,7 @@ def _delta_decode(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     a = a.reshape(Bn, g.num_heads, -1) if family == "kda" else a.reshape(Bn, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
     q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
-    o = family_op(family, "decode", v.device)(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log,
-                                             dt_bias, scale=scale)
+    o = pool.replay.ops.decode(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log, dt_bias, scale=scale)
     return o.to(v.dtype).reshape(1, Bn, g.num_heads, g.head_v_dim)
 
 
@@ -107,8 +105,8 @@ def _delta_verify(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     a = a.reshape(Bn, T, g.num_heads, -1) if family == "kda" else a.reshape(Bn, T, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
     q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, T, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
-    o = family_op(family, "verify", v.device)(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log,
-                                             dt_bias, scale=scale, parents=pool.verify_parents)
+    o = pool.replay.ops.verify(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log, dt_bias,
+                               scale=scale, parents=pool.verify_parents)
     return o.to(v.dtype).reshape(1, Bn * T, g.num_heads, g.head_v_dim)
 
 

@@ -6,7 +6,10 @@ sets it). The launcher process parses the flags (``cli.py``) and stores them in 
 variable, so every process SGLang spawns (schedulers, detokenizer) reads the same options back.
 
 The flag names, parsing and value checks live in :mod:`sglang_replayssm.flags` (shared with the
-native engine); this module adds the checks against SGLang's own arguments.
+native engine); this module adds the checks against SGLang's own arguments, and which implementation
+the pools use: ``SGLANG_REPLAYSSM_OPS=reference|kernels`` forces the PyTorch reference or the Triton
+kernels (tests run the kernels on CPU under ``TRITON_INTERPRET=1`` that way); unset, the kernels run on
+CUDA and the reference elsewhere (``family_ops.FamilyOps.select``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 
 from sglang_replayssm.flags import ENV_VAR, FlagError, ReplaySSMOptions
 
+OPS_ENV = "SGLANG_REPLAYSSM_OPS"
 _UNSET = object()
 _cached = _UNSET
 
@@ -35,6 +39,14 @@ def set_active(opts: ReplaySSMOptions | None) -> None:
         os.environ.pop(ENV_VAR, None)
     else:
         os.environ.update(opts.to_env())
+
+
+def ops_backend() -> str:
+    """The ``backend`` argument of ``FamilyOps.select`` for this process: ``auto`` unless ``OPS_ENV`` forces one."""
+    forced = os.environ.get(OPS_ENV, "").strip()
+    if forced and forced not in ("reference", "kernels"):
+        raise ValueError(f"{OPS_ENV} must be 'reference' or 'kernels', got {forced!r}")
+    return forced or "auto"
 
 
 def _reset_cache_for_tests() -> None:

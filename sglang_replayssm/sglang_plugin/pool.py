@@ -21,6 +21,9 @@ When on:
 * the cursor move after a decode step over all layers (``ReplayStatePool.advance``) is deferred to
   ``settle()``, which runs after ``ModelRunner.forward`` and at the start of the next step; so are the
   ``extra_buffer`` track copies of that step (``note_track``: whole-slot copies, ``track.py``).
+* the arithmetic (decode / verify in the hooks, the fold and the checkpoint store here) is the pool's
+  ``replay.ops``: a ``FamilyOps`` chosen once, at construction, from the family, the device and
+  ``SGLANG_REPLAYSSM_OPS`` (``options.ops_backend``).
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ import torch
 from sglang.srt.mem_cache.memory_pool import MambaPool as _SGLangMambaPool
 
 from sglang_replayssm.accounting import StateSizes, conventional_traffic, decode_traffic, verify_traffic
+from sglang_replayssm.family_ops import FamilyOps
 from sglang_replayssm.flags import FlagError
 from sglang_replayssm.pool import ReplayStatePool, SSMGeometry
 
 from . import metrics
-from .ops import fold_fn, ops_kind
-from .options import active_options
+from .options import active_options, ops_backend
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +172,10 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.draft_tokens = drafts
         self.geometry = geometry_of(family, cache_params)
         cfg = opts.replay_config(max_drafts=drafts)
-        self.replay = ReplayStatePool(self.geometry, nl, size, cfg, device=device, act_dtype=cache_params.dtype.conv)
+        ops = FamilyOps.select(family, device, ops_backend())
+        self.replay = ReplayStatePool(self.geometry, nl, size, cfg, device=device, act_dtype=cache_params.dtype.conv,
+                                      ops=ops)
         self.replay.alloc(size)  # SGLang's MambaSlotAllocator hands slots out; ours are all "in use"
-        self._fold = fold_fn(family, device)
         conv_dtype = cache_params.dtype.conv
         conv = [torch.zeros((nl, size + 1) + tuple(shape), dtype=conv_dtype, device=device)
                 for shape in cache_params.shape.conv]
@@ -210,7 +214,7 @@ class ReplayMambaPool(_SGLangMambaPool):
             "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens, ops %s): "
             "%d bytes/slot vs SGLang %d bytes/slot + %d bytes/slot of per-draft snapshots; "
             "in SGLang's memory for %d sequences ReplaySSM fits %d",
-            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops_kind(device), ours, theirs_slot, theirs_spec,
+            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops.package, ours, theirs_slot, theirs_spec,
             size, budget // max(ours, 1) - 1)
 
     # ------------------------------------------------------------------ step bookkeeping
@@ -248,20 +252,14 @@ class ReplayMambaPool(_SGLangMambaPool):
         on = mask.to(torch.bool) & (src > 0) & (dst > 0)
         s = torch.where(on, src, torch.zeros_like(src))
         d = torch.where(on, dst, torch.zeros_like(dst))
-        for t in self.replay._per_slot_tensors():
-            t[:, d] = t[:, s]
-        for t in (self.replay.cursor, self.replay.folded):
-            t[d] = t[s]
+        self.replay.copy_slots(s, d)
         for conv in self.mamba_cache.conv:
             conv[:, d] = conv[:, s]
 
     def begin_verify(self, slots: list[int], num_drafts: int, parents=None) -> None:
         self.settle()
         live = [s for s in slots if s > 0]
-        for s in live:
-            if self.replay.pending(s):
-                # A verify whose commit never came (idle/aborted batch): drop its draft records.
-                self.replay._pending.pop(s, None)
+        self.replay.cancel_verify(live)   # a verify whose commit never came (idle / aborted batch)
         rows = [i for i, s in enumerate(slots) if s > 0]
         self.replay.begin_verify(live, num_drafts, None if parents is None else [parents[i] for i in rows])
 
@@ -279,9 +277,11 @@ class ReplayMambaPool(_SGLangMambaPool):
         buf[:bs].copy_(torch.tensor(parents, dtype=torch.int32), non_blocking=True)
         self.verify_parents = buf[:bs]
 
-    def commit(self, slots: list[int], accepted: list[int], paths=None, slots_t: torch.Tensor | None = None,
-               accepted_t: torch.Tensor | None = None) -> None:
-        """Commit the open verify of ``slots`` (``accepted`` records each, bonus included). ``slots_t`` /
+    def accept_drafts(self, slots: list[int], accepted: list[int], paths=None, slots_t: torch.Tensor | None = None,
+                      accepted_t: torch.Tensor | None = None) -> None:
+        """Accept ``accepted`` drafts (records, bonus included) of the open verify of each of ``slots``
+        (``ReplayStatePool.accept_drafts``; padding rows and rows with no open verify are skipped) and
+        count the accepted records and the rollbacks. ``slots_t`` /
         ``accepted_t``: the same values on the device when the caller has them (the verify-row fold count
         for the metrics is then taken there, with no upload and no host sync)."""
         keep = [i for i, s in enumerate(slots) if s > 0 and self.replay.pending(s)]
@@ -295,7 +295,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         accepted = [accepted[i] for i in keep]
         pend = [self.replay.pending(s) for s in slots]
         self._account_commit(slots_t, accepted_t, sum(pend))   # before the pointer moves
-        self.replay.commit(slots, accepted, None if paths is None else [paths[i] for i in keep], fold=self._fold)
+        self.replay.accept_drafts(slots, accepted, None if paths is None else [paths[i] for i in keep])
         metrics.inc("replayssm:accepted_records_total", sum(accepted))
         metrics.inc("replayssm:rollbacks_total", sum(p - a for p, a in zip(pend, accepted)))
 
@@ -304,7 +304,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.settle()
         live = sorted({int(s) for s in slots.tolist() if int(s) > 0})
         if live:
-            self.replay.force_flush(live, fold=self._fold)
+            self.replay.force_flush(live)
 
     def after_prefill(self, layer: int, slots: torch.Tensor) -> None:
         """SGLang's prefill wrote the final state into the checkpoint: refresh the read copy, empty ring."""
@@ -399,7 +399,7 @@ class ReplayMambaPool(_SGLangMambaPool):
             raise ValueError(f"copy_from: {len(src)} sources for {len(dst)} destinations")
         flush = sorted({s for s in src if s > 0})
         if flush:
-            self.replay.force_flush(flush, fold=self._fold)
+            self.replay.force_flush(flush)
         for s, d in zip(src, dst):
             if s > 0 and d > 0 and s != d:
                 self.replay.fork(s, d)
@@ -410,7 +410,7 @@ class ReplayMambaPool(_SGLangMambaPool):
 
     def get_cpu_copy(self, indices):
         if self.replay is not None:
-            self.replay.force_flush(sorted({s for s in self._slot_list(indices) if s > 0}), fold=self._fold)
+            self.replay.force_flush(sorted({s for s in self._slot_list(indices) if s > 0}))
         return super().get_cpu_copy(indices)
 
     def load_cpu_copy(self, mamba_cache_cpu, indices):

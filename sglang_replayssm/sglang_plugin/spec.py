@@ -3,7 +3,7 @@
 SGLang's target verify leaves one full SSM state per draft token (``intermediate_ssm``) and the commit
 (``spec_utils.commit_mamba_states_after_verify`` -> ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``)
 scatters the state of the last accepted draft into the cache. With the ReplaySSM pool the verify wrote
-draft *records* into the ring, so the commit is ``ReplayStatePool.commit``: the accepted prefix (chain)
+draft *records* into the ring, so the commit is ``ReplayStatePool.accept_drafts``: the accepted prefix (chain)
 or root-to-node path (EAGLE tree, topk > 1) stays, the pointer moves, rejected records are left behind,
 and a row whose committed records reach the window folds them. The short-convolution state still rolls
 back through SGLang's own per-draft conv windows.
@@ -34,7 +34,7 @@ def _path_to(parents_row, node: int) -> list[int]:
 
 def commit_rows(pool, slots: list[int], accepted: list[int], paths, slots_t=None, accepted_t=None) -> None:
     pool.settle()
-    pool.commit(slots, accepted, paths, slots_t=slots_t, accepted_t=accepted_t)
+    pool.accept_drafts(slots, accepted, paths, slots_t=slots_t, accepted_t=accepted_t)
     pool.verify_parents = None
 
 

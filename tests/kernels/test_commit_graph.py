@@ -1,4 +1,4 @@
-"""pool.commit's CUDA-graph path (chain commits of few rows replay a captured graph of the fold, the pointer
+"""pool.accept_drafts' CUDA-graph path (chain commits of few rows replay a captured graph of the fold, the pointer
 moves and the conv roll) against the eager path: bit-identical pools over a sequence of commits with
 changing rows, accepted counts and folds, trees in between (eager). CUDA only: there is no graph on CPU."""
 import random
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sglang_replayssm.pool.pool as pool_mod
-from sglang_replayssm.kernels import gdn as kgdn
+from sglang_replayssm.family_ops import FamilyOps
 
 from .helpers import clone_pool, make_pool
 
@@ -19,6 +19,7 @@ def test_graphed_commit_matches_eager(monkeypatch):
     graphed = make_pool("gdn", gen=g, max_drafts=4, window=4, num_slots=6)
     eager = clone_pool(graphed)
     for p in (graphed, eager):
+        p.ops = FamilyOps.triton("gdn")
         p.conv = torch.randn(p.num_layers, p.num_slots + 1, 12, 3, generator=g).to(p.device)
         p.conv_in = torch.randn(p.num_layers, p.num_slots + 1, 4, 12, generator=g).to(p.device)
     eager.conv, eager.conv_in = graphed.conv.clone(), graphed.conv_in.clone()
@@ -36,7 +37,7 @@ def test_graphed_commit_matches_eager(monkeypatch):
         for p, graph in ((graphed, True), (eager, False)):
             monkeypatch.setattr(pool_mod, "COMMIT_GRAPH_MAX_BATCH", 64 if graph else 0)
             p.begin_verify(rows, T, parents)
-            p.commit(rows, acc, paths, fold=kgdn.fold)
+            p.accept_drafts(rows, acc, paths)
         for name in ("cursor", "folded", "ckpt", "conv"):
             a, b = getattr(graphed, name), getattr(eager, name)
             assert torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,

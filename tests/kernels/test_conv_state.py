@@ -36,7 +36,7 @@ def test_roll_matches_the_pools_torch_path(W, dtype, block_c):
     conv, conv_in = pool.conv.clone(), pool.conv_in.clone()
     # the reference: the pool's own commit on CPU (PyTorch path)
     pool.begin_verify([s for s, _, _ in ROWS], T, parents=[par for _, par, _ in ROWS])
-    pool.commit([s for s, _, _ in ROWS], [len(p) for _, _, p in ROWS], paths=[p for _, _, p in ROWS])
+    pool.accept_drafts([s for s, _, _ in ROWS], [len(p) for _, _, p in ROWS], paths=[p for _, _, p in ROWS])
     # the kernel: committed rows only, paths padded with junk (past acc: must be ignored), mixed index dtypes
     rows = [(s, p) for s, _, p in ROWS if p]
     nodes = torch.full((len(rows), T + 2), 99, dtype=torch.int64)

@@ -77,7 +77,7 @@ def test_verify_mma_stages_and_whole_row_chunk(family):
 
 @pytest.mark.parametrize("family,read_copy", [("gdn", "fp8"), ("mamba2", "none"), ("kda", "none")])
 def test_fold_every_layer_in_one_launch(family, read_copy):
-    """layer None (pool.commit's call): each layer folded as the reference folds it, layer by layer."""
+    """layer None (pool.accept_drafts' call): each layer folded as the reference folds it, layer by layer."""
     g = torch.Generator().manual_seed(12)
     pk = make_pool(family, read_copy=read_copy, gen=g, num_layers=3)
     pr = clone_pool(pk)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from sglang_replayssm.family_ops import FamilyOps
 from sglang_replayssm.kernels import kda as kkda
 from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import kda as rkda
@@ -110,8 +111,9 @@ def test_verify_then_commit(tree, read_copy, method, dk, T):
     acc = torch.randint(0, T + 1, (3,), generator=g).tolist()
     acc[0] = 3 if tree else T  # the deepest node of trees[0]
     paths = _paths(trees, acc, T) if tree else None
-    pk.commit(slots_l, acc, paths, fold=kkda.fold)
-    pr.commit(slots_l, acc, paths)
+    pk.ops = FamilyOps.triton("kda")   # pk's commit folds with the kernel, pr's with the reference
+    pk.accept_drafts(slots_l, acc, paths)
+    pr.accept_drafts(slots_l, acc, paths)
     assert torch.equal(pk.cursor, pr.cursor) and torch.equal(pk.folded, pr.folded)
     assert (pk.folded != before["folded"]).any()  # the commit folded at least one row with the kernel
     close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from sglang_replayssm.family_ops import FamilyOps
 from sglang_replayssm.kernels import mamba2 as km2
 from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import mamba2 as rm2
@@ -133,8 +134,9 @@ def test_verify_then_commit(tree, read_copy, method):
     assert_untouched(before, pk, slots_l)
     acc = torch.randint(0, T + 1, (3,), generator=g).tolist()
     paths = _paths(trees, acc, T) if tree else None
-    pk.commit(slots_l, acc, paths, fold=km2.fold)
-    pr.commit(slots_l, acc, paths)
+    pk.ops = FamilyOps.triton("mamba2")   # pk's commit folds with the kernel, pr's with the reference
+    pk.accept_drafts(slots_l, acc, paths)
+    pr.accept_drafts(slots_l, acc, paths)
     assert torch.equal(pk.cursor, pr.cursor) and torch.equal(pk.folded, pr.folded)
     close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
     x1 = inputs(g, 4, H, G, P, N)

@@ -240,7 +240,7 @@ def test_model_fused_equals_torch(family):
             toks.append(tok)
         ctx.ops.begin_verify(slots.tolist(), 4)
         ver = model.forward(torch.cat([tok, drafts], 1), torch.tensor([pos, pos]), slots, "verify", ctx, pos + 4)
-        ctx.ops.commit(slots.tolist(), [2, 4])
+        ctx.ops.accept_drafts(slots.tolist(), [2, 4])
         logits.append(ver)
         toks.append(ver.argmax(-1))
         runs[on] = (logits, toks, ctx.pool.conv.clone(), ctx.kv.k.clone(), ctx.kv.v.clone())

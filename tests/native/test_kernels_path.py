@@ -74,20 +74,25 @@ def test_a_decode_step_builds_its_flush_list_once_for_all_layers(family):
     same tokens as the reference engine over several windows (rows flushing at different steps), one list
     per decode forward, handed to each of its SSM layers. With the fused decode (the plan at small batches)
     no list is built at all."""
+    import dataclasses
+
     outs, calls, handed = {}, [], []
     for kernels in ("reference", "triton", "fused"):
         e = Engine(EngineArgs(model_path=f"embedded:{family}", max_running_requests=3,
                               kernels="reference" if kernels == "reference" else "triton",
                               replayssm=ReplaySSMOptions(window=3)))
+        fops = e.ops.family_ops
         if kernels == "fused":
-            build = e.ops._flush_list_fn
-            e.ops._flush_list_fn = lambda *a: pytest.fail("a fused decode step built a flush list") or build(*a)
+            build = fops.flush_list
+            e.ops.family_ops = dataclasses.replace(
+                fops, flush_list=lambda *a: pytest.fail("a fused decode step built a flush list") or build(*a))
         if kernels == "triton":
-            assert e.ops._flush_list_fn is not None
+            assert fops.flush_list is not None
             e.ops.decode_kw = {"method": "split"}
-            build, decode = e.ops._flush_list_fn, e.ops.decode_fn
-            e.ops._flush_list_fn = lambda *a: calls.append(1) or build(*a)
-            e.ops.decode_fn = lambda *a, **kw: handed.append(kw.get("flush_list")) or decode(*a, **kw)
+            build, decode = fops.flush_list, fops.decode
+            e.ops.family_ops = dataclasses.replace(
+                fops, flush_list=lambda *a: calls.append(1) or build(*a),
+                decode=lambda *a, **kw: handed.append(kw.get("flush_list")) or decode(*a, **kw))
         outs[kernels] = e.generate(PROMPTS + ["xyz"], SamplingParams(max_tokens=9))
     assert outs["triton"] == outs["reference"] == outs["fused"]
     assert len(calls) >= 8 and len(handed) == len(calls) * e.cfg.num_ssm_layers

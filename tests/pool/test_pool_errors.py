@@ -79,20 +79,20 @@ def test_draft_and_commit_misuse():
     with pytest.raises(DraftOverflowError, match="ring capacity"):
         pool.begin_verify(s, 4)
     with pytest.raises(CommitError, match="no pending"):
-        pool.commit(s, [0, 0])
+        pool.accept_drafts(s, [0, 0])
     pool.begin_verify(s, 2)
     with pytest.raises(CommitError, match="already"):
         pool.begin_verify(s, 1)
     with pytest.raises(CommitError, match="accepted 3 of 2"):
-        pool.commit(s, [3, 0])
+        pool.accept_drafts(s, [3, 0])
     with pytest.raises(CommitError, match="fork"):
         pool.fork(s[0], pool.alloc(1)[0])
-    pool.commit(s, [2, 1])
+    pool.accept_drafts(s, [2, 1])
     assert pool.cursor[s].tolist() == [2, 1]
     pool.begin_verify(s, 3, parents=[[-1, 0, 0], [-1, -1, 1]])
     with pytest.raises(CommitError, match="not a root-to-node path"):
-        pool.commit(s, [1, 1], paths=[[1], [1]])        # node 1 of the first tree hangs off node 0
-    pool.commit(s, [2, 2], paths=[[0, 2], [1, 2]])       # the rejected call kept the verify pending
+        pool.accept_drafts(s, [1, 1], paths=[[1], [1]])        # node 1 of the first tree hangs off node 0
+    pool.accept_drafts(s, [2, 2], paths=[[0, 2], [1, 2]])       # the rejected call kept the verify pending
     assert pool.cursor[s].tolist() == [0, 3]             # 2 + 2 reached the window (4) and folded; 1 + 2 did not
     assert isinstance(CommitError("x"), PoolError) and issubclass(PoolError, ValueError)
 
@@ -109,12 +109,39 @@ def test_failed_call_loses_nothing():
     pool.advance(torch.tensor(s))
     before = [t.clone() for t in pool._per_slot_tensors()] + [pool.cursor.clone()]
     for bad in (lambda: pool.alloc(1), lambda: pool.free([s[0], s[0]]), lambda: pool.begin_verify(s, 9),
-                lambda: pool.commit(s, [1, 1])):
+                lambda: pool.accept_drafts(s, [1, 1])):
         with pytest.raises(PoolError):
             bad()
     after = [t for t in pool._per_slot_tensors()] + [pool.cursor]
     assert all(torch.equal(x.view(torch.uint8) if x.dtype.itemsize == 1 else x, y.view(torch.uint8) if y.dtype.itemsize == 1 else y)
                for x, y in zip(before, after))
+
+
+def test_cancel_verify_closes_it_and_leaves_the_pointer():
+    """A cancelled verify accepts nothing: no commit can follow it, the cursor stays, a new verify may open."""
+    pool = make(2, window=4, max_drafts=2)
+    s = pool.alloc(2)
+    pool.begin_verify(s, 2)
+    pool.cancel_verify([s[0]])
+    assert pool.pending(s[0]) == 0 and pool.pending(s[1]) == 2
+    with pytest.raises(CommitError, match="no pending verify"):
+        pool.accept_drafts([s[0]], [1])
+    pool.accept_drafts([s[1]], [1])
+    pool.begin_verify([s[0]], 1)
+    pool.accept_drafts([s[0]], [1])
+    assert pool.cursor[s].tolist() == [1, 1]
+
+
+def test_copy_slots_copies_everything_on_the_device():
+    pool = make(3, window=4, max_drafts=2)
+    s = pool.alloc(3)
+    for t in pool._per_slot_tensors():
+        t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(1)).to(t.dtype))
+    pool.cursor[s[0]], pool.folded[s[0]] = 3, 40
+    pool.copy_slots(torch.tensor([s[0], 0]), torch.tensor([s[2], 0]))
+    for t in pool._per_slot_tensors():
+        assert torch.equal(t[:, s[2]], t[:, s[0]]) and not torch.equal(t[:, s[1]], t[:, s[0]])
+    assert (int(pool.cursor[s[2]]), int(pool.folded[s[2]])) == (3, 40)
 
 
 def test_bytes_and_capacity_vs_snapshot_scheme():
@@ -143,7 +170,7 @@ def test_commit_rolls_conv_state_along_the_accepted_path():
     old, drafts = pool.conv[:, s].clone(), pool.conv_in[:, s].clone()
     pool.begin_verify(s, 4, parents=[[-1, 0, 1, 2], [-1, -1, 1, 0], [-1, 0, 0, 0], [-1, 0, 1, 2]])
     paths = [[0, 1], [1, 2], [], [0, 1, 2, 3]]   # the last: more accepted than the conv window, all new columns
-    pool.commit(s, [2, 2, 0, 4], paths=paths)
+    pool.accept_drafts(s, [2, 2, 0, 4], paths=paths)
     for b, path in enumerate(paths):
         want = torch.cat([old[:, b], drafts[:, b, path].transpose(-1, -2)], dim=-1)[..., -3:]
         assert torch.equal(pool.conv[:, s[b]], want)

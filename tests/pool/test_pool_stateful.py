@@ -72,7 +72,7 @@ class PoolMachine(RuleBasedStateMachine):
                     assert relerr(out[b, i], o[0]) < 1e-10
                     if i + 1 == accepted[b]:
                         self.oracle[s][layer] = S[0]
-        self.pool.commit(rows, accepted)
+        self.pool.accept_drafts(rows, accepted)
 
     @precondition(lambda self: self.oracle)
     @rule(data=st.data())

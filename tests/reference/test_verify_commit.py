@@ -65,7 +65,7 @@ def test_verify_commit_matches_conventional(family, tree, window):
             paths.append(path)
             if path:
                 state[b] = node_states[path[-1]][0]
-        pool.commit(slots, accepted, paths if tree else None)
+        pool.accept_drafts(slots, accepted, paths if tree else None)
         assert relerr(pool.materialize(0, slots), state) < 1e-10
         assert int(pool.cursor[idx].max()) < window
 
@@ -91,6 +91,6 @@ def test_conventional_mode_snapshots_match(family):
             outs.append(call(fam.verify, geo, inp, params, pool, 0, torch.tensor(s), parents=parents))
         assert relerr(outs[0], outs[1]) < 1e-10
         path = random_path(rng, parents[0])
-        replay.commit(s1, [len(path)], [path])
-        conv.commit(s2, [len(path)], [path])
+        replay.accept_drafts(s1, [len(path)], [path])
+        conv.accept_drafts(s2, [len(path)], [path])
         assert relerr(replay.materialize(0, s1), conv.materialize(0, s2)) < 1e-10

@@ -104,7 +104,7 @@ def _m2_call(layer_cache, idx, x, dt, Bm, Cm, A, D, dt_bias, out):
 def ops(request, monkeypatch):
     """Which implementation the hooks call: the PyTorch reference (what runs on CPU), or the Triton
     kernels (what runs on CUDA), here under TRITON_INTERPRET=1."""
-    from sglang_replayssm.sglang_plugin.ops import OPS_ENV
+    from sglang_replayssm.sglang_plugin.options import OPS_ENV
 
     monkeypatch.setenv(OPS_ENV, request.param)
     return request.param

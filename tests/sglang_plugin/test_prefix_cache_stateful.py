@@ -181,7 +181,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                 for i in range(T):
                     o, S = conventional(self.geo, S, index_inputs(toks[layer], (slice(b, b + 1), i)), self.params)
                     assert relerr(out[b, i], o[0]) < 1e-4
-        self.pool.commit(rows, accepted)
+        self.pool.accept_drafts(rows, accepted)
         for b, s in enumerate(rows):
             for i in range(accepted[b]):
                 self.live[s].tokens.append([index_inputs(toks[layer], (slice(b, b + 1), i)) for layer in range(LAYERS)])
