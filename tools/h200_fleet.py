@@ -40,8 +40,8 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "m2_ours_fp32": ("plugin", "nemotron_h", []),
     "gdn_stock_ngram": ("stock", "qwen3_next", NGRAM),
     "gdn_ours_fp32_ngram": ("plugin", "qwen3_next", NGRAM),
-    "gdn_sglang_replayssm_ngram": ("stock", "qwen3_next", ["--enable-linear-replayssm",
-                                                           "--enable-linear-replayssm-spec", *NGRAM]),
+    # SGLang refuses --enable-linear-replayssm together with its spec variant (they share the ring)
+    "gdn_sglang_replayssm_ngram": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM]),
     "gdn_ours_fp8_ngram": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8", *NGRAM]),
 }
 ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
@@ -155,43 +155,69 @@ def _sharegpt(state: Path) -> Path:
     return p
 
 
+def _bench_argv(info: dict, name: str, conc: int, data: Path, row: Path) -> list[str]:
+    model = info["argv"][3]
+    return ["--backend", "sglang", "--host", "127.0.0.1", "--port", str(info["port"]), "--model", model,
+            "--tokenizer", model, "--dataset-name", "random", "--dataset-path", str(data),
+            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
+            "--num-prompts", str(PROMPTS_PER_CONC[conc]), "--request-rate", "inf", "--max-concurrency", str(conc),
+            "--tokenize-prompt", "--warmup-requests", "4", "--disable-tqdm", "--seed", "1", "--tag", name,
+            "--output-file", str(row)]
+
+
 def bench(state: Path, deadline: float) -> None:
+    """Every row not done yet, one server at a time, in one child process (SGLang imported once)."""
     st = _state(state)
     out = state / "bench"
     out.mkdir(exist_ok=True)
-    data = _sharegpt(state)
     starting = [n for n in st if _alive(st[n]["pid"]) and not _healthy(st[n]["port"])]
     if starting:   # their start-up (JIT, graph capture) would share the GPU with the benchmark
         print(f"bench: servers still starting ({', '.join(starting)}): no timing now", flush=True)
         return
-    for n in [n for n in _servers() if n in st]:
-        info = st[n]
+    data = _sharegpt(state)
+    rows = []
+    for n in [n for n in _servers() if n in st and _alive(st[n]["pid"])]:
         for conc in CONCURRENCY:
             row = out / f"{n}_c{conc}.jsonl"
-            if row.exists() and row.stat().st_size:
-                continue
-            if not _alive(info["pid"]) or not _healthy(info["port"]):
-                print(f"bench {n} c{conc}: server not healthy, skipped", flush=True)
-                break
-            left = deadline - time.time()
-            if left < 45:
-                print(f"bench {n} c{conc}: {left:.0f}s left, stopped", flush=True)
-                return
-            model = str(Path(info["argv"][3]))
-            argv = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", "127.0.0.1",
-                    "--port", str(info["port"]), "--model", model, "--tokenizer", model,
-                    "--dataset-name", "random", "--dataset-path", str(data), "--random-input-len", str(INPUT_LEN),
-                    "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
-                    "--num-prompts", str(PROMPTS_PER_CONC[conc]), "--request-rate", "inf",
-                    "--max-concurrency", str(conc), "--tokenize-prompt", "--warmup-requests", "4",
-                    "--disable-tqdm", "--seed", "1", "--tag", n, "--output-file", str(row)]
-            t0 = time.time()
-            with open(out / f"{n}_c{conc}.log", "w") as log:
-                try:
-                    rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=left - 10).returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
-            print(f"bench {n} c{conc}: rc {rc} in {time.time() - t0:.0f}s " + _row_summary(row), flush=True)
+            if not (row.exists() and row.stat().st_size):
+                rows.append([n, conc, str(row), _bench_argv(st[n], n, conc, data, row)])
+    if not rows:
+        return
+    (out / "rows.json").write_text(json.dumps(rows))
+    sys.path.insert(0, str(HERE.parent))
+    from sglang_replayssm import gpu_harness
+
+    with open(out / "rows.log", "a") as log:
+        try:
+            subprocess.run([sys.executable, __file__, "bench-rows", str(out / "rows.json"), str(deadline)],
+                           stdout=log, stderr=subprocess.STDOUT, env=gpu_harness.harness_env(),
+                           timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            print("bench: deadline reached", flush=True)
+    for n, conc, row, _ in rows:
+        print(f"bench {n} c{conc}: " + _row_summary(Path(row)), flush=True)
+
+
+def bench_rows(rows_path: Path, deadline: float) -> None:
+    """(child) SGLang's bench_serving CLI for each row, in this one process, until the deadline."""
+    sys.path.insert(0, str(HERE.parent))
+    from sglang_replayssm import gpu_harness
+
+    gpu_harness.activate()
+    from sglang.benchmark import serving
+
+    for name, conc, row, argv in json.loads(rows_path.read_text()):
+        if deadline - time.time() < 40:
+            print(f"row {name} c{conc}: {deadline - time.time():.0f}s left, stopped", flush=True)
+            return
+        t0 = time.time()
+        print(f"===== row {name} c{conc}", flush=True)
+        sys.argv = ["bench_serving", *argv]
+        try:
+            serving.cli_main()
+        except BaseException as e:   # noqa: BLE001 -- one failed row must not stop the others
+            print(f"row {name} c{conc} failed: {e!r}", flush=True)
+        print(f"row {name} c{conc}: {time.time() - t0:.0f}s", flush=True)
 
 
 def _row_summary(row: Path) -> str:
@@ -226,9 +252,9 @@ def report(state: Path, out: Path) -> None:
                                                                 "avail mem"))]
             f.write(f"===== {n} ({len(text)} lines)\n" + "\n".join(dict.fromkeys(keep))[-6000:] + "\n--- tail\n"
                     + "\n".join(text[-25:]) + "\n")
-        for blog in sorted(glob.glob(str(state / "bench" / "*.log"))):
-            f.write(f"===== {Path(blog).name}\n" + "\n".join(Path(blog).read_text(errors="replace")
-                                                           .splitlines()[-45:]) + "\n")
+        blog = state / "bench" / "rows.log"
+        if blog.exists():
+            f.write("===== bench rows.log\n" + "\n".join(blog.read_text(errors="replace").splitlines()[-400:]) + "\n")
 
 
 if __name__ == "__main__":
@@ -239,6 +265,8 @@ if __name__ == "__main__":
         tokens(Path(args[0]), time.time() + float(args[1]))
     elif cmd == "bench":
         bench(Path(args[0]), time.time() + float(args[1]))
+    elif cmd == "bench-rows":
+        bench_rows(Path(args[0]), float(args[1]))
     elif cmd == "report":
         report(Path(args[0]), Path(args[1]))
     else:

@@ -18,7 +18,7 @@ fi
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 if [ ! -f /tmp/wide/nemotron_h/model.safetensors ]; then
-  python3 -m sglang_replayssm.gpu_harness.wide_checkpoints "$H/ckpt" /tmp/wide || exit 1
+  (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints "$H/ckpt" /tmp/wide) || exit 1   # cwd off the path: the checkout's own package
 fi
 echo "ready in $(( $(date +%s) - t0 ))s"
 F="python3 $H/src/tools/h200_fleet.py"

@@ -148,6 +148,12 @@ def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, ex
     cumsum_buffer[1:num_experts + 1].copy_(ends.to(cumsum_buffer.dtype))
 
 
+def moe_sum_reduce(input, output, routed_scaling_factor):
+    """``output[t] = routed_scaling_factor * sum_k input[t, k]`` (the top-k combine of the Triton fused MoE
+    for more than 2 experts per token), accumulated in fp32."""
+    output.copy_((input.float().sum(1) * routed_scaling_factor).to(output.dtype))
+
+
 # ----------------------------------------------------------------------------- CUDA graphs
 def weak_ref_tensor(t):
     """sgl_kernel returns a non-owning alias of ``t``; a view is an owning alias (the memory lives as long
@@ -174,6 +180,8 @@ _SCHEMAS = {
                              "Tensor(a!) sorted_token_ids, Tensor(b!) experts_ids, Tensor(c!) num_tokens_post_pad, "
                              "Tensor(d!) cumsum_buffer, bool pad_sorted_token_ids, bool ignore_invalid_expert) -> ()",
                              moe_align_block_size),
+    "moe_sum_reduce": ("moe_sum_reduce(Tensor input, Tensor(a!) output, float routed_scaling_factor) -> ()",
+                       moe_sum_reduce),
     "weak_ref_tensor": ("weak_ref_tensor(Tensor(a) t) -> Tensor(a)", weak_ref_tensor),
 }
 OPS = tuple(_SCHEMAS)
