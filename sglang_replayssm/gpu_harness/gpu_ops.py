@@ -119,13 +119,16 @@ def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, ex
     numel = topk_ids.numel()
     dev = topk_ids.device
     bucket = topk_ids.flatten().long() + 1
+    # counts by scatter-add into a fixed-size tensor: torch.bincount reads the max back to the host, which
+    # CUDA-graph capture refuses
+    ones = torch.ones_like(bucket)
     if ignore_invalid_expert:   # invalid pairs are dropped, not bucketed
-        valid = bucket > 0
-        bucket = torch.where(valid, bucket, torch.full_like(bucket, num_experts))   # an extra, dropped bucket
-        counts = torch.bincount(bucket, minlength=num_experts + 1)[:num_experts]
+        bucket = torch.where(bucket > 0, bucket, torch.full_like(bucket, num_experts))   # an extra, dropped bucket
+        counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, bucket, ones)
     else:
-        valid = None
-        counts = torch.bincount(bucket.clamp(0, num_experts - 1), minlength=num_experts)[:num_experts]
+        counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(
+            0, bucket.clamp(0, num_experts - 1), ones)
+    counts = counts[:num_experts]
     padded = (counts + block_size - 1) // block_size * block_size
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
