@@ -171,9 +171,11 @@ def bench(state: Path, deadline: float) -> None:
     out = state / "bench"
     out.mkdir(exist_ok=True)
     starting = [n for n in st if _alive(st[n]["pid"]) and not _healthy(st[n]["port"])]
-    if starting:   # their start-up (JIT, graph capture) would share the GPU with the benchmark
-        print(f"bench: servers still starting ({', '.join(starting)}): no timing now", flush=True)
-        return
+    for n in starting:   # too late: their start-up (JIT, graph capture) would share the GPU with the benchmark
+        print(f"bench: {n} still starting {time.time() - st[n]['started']:.0f}s after start: stopped", flush=True)
+        import signal
+        os.killpg(st[n]["pid"], signal.SIGKILL)
+    time.sleep(2 if starting else 0)
     data = _sharegpt(state)
     rows = []
     for n in [n for n in _servers() if n in st and _alive(st[n]["pid"])]:
