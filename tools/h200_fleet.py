@@ -78,7 +78,8 @@ def start(ckpt: Path, state: Path) -> None:
         if name in st and _alive(st[name]["pid"]):
             continue
         argv = [sys.executable, str(HERE / "h200_serve.py"), mode, "--model-path", str(ckpt / model),
-                "--host", "127.0.0.1", "--port", str(port), *POOL_FLAGS, *GRAPH, *extra]
+                "--host", "127.0.0.1", "--port", str(port), *POOL_FLAGS, *GRAPH, *extra,
+                *os.environ.get("FLEET_EXTRA", "").split()]
         log = open(state / f"{name}.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         st[name] = {"pid": proc.pid, "port": port, "argv": argv[1:], "started": time.time()}
