@@ -18,7 +18,7 @@ if [ "${PROBE:-1}" = 1 ]; then
   python3 -m pip list 2>/dev/null > "$OUT/pip_list.txt" timeout 240 python3 "$H/src/tools/h200_probe.py" > "$OUT/probe.txt" 2>&1; cat "$OUT/probe.txt"; fi
 declare -A FLAGSETS=(
   [nograph]="--disable-cuda-graph"
-  [graph]="--cuda-graph-max-bs 16"
+  [graph]="--cuda-graph-max-bs-decode 16"   # 0.5.23: --cuda-graph-max-bs is ambiguous (-decode, -prefill)
   [w4]="--disable-cuda-graph --replayssm-window 4"
   [fp8]="--disable-cuda-graph --replayssm-read-copy fp8"
 )

@@ -7,7 +7,7 @@ is idempotent and does, in this process, before SGLang is imported:
 1. ``sgl_kernel`` stand-in (the CPU harness's, ``cpu_harness.bridge``): the wheel's pure-Python
    wrappers stay importable, every compiled name answers a function that raises a clear error.
 2. ``gpu_ops.register()``: the compiled ``torch.ops.sgl_kernel.*`` ops our paths reach (norms, gated
-   activations, rotary embedding, MoE top-k softmax and block align, ``weak_ref_tensor``) in PyTorch.
+   activations, rotary embedding, MoE top-k softmax, block align and sum-reduce, ``weak_ref_tensor``) in PyTorch.
 3. SGLang's kernel registry (``sglang.kernels.selector``): an op that has an AOT (``sgl_kernel:NAME``)
    backend whose op ``gpu_ops`` provides resolves to it, instead of a JIT backend that would compile CUDA
    with tvm-ffi at first call; every resolution is logged once (``replayssm gpu-harness: kernel ...``).

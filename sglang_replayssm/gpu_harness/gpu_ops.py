@@ -119,13 +119,16 @@ def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, ex
     numel = topk_ids.numel()
     dev = topk_ids.device
     bucket = topk_ids.flatten().long() + 1
+    # counts by scatter-add into a fixed-size tensor: torch.bincount reads the max back to the host, which
+    # CUDA-graph capture refuses
+    ones = torch.ones_like(bucket)
     if ignore_invalid_expert:   # invalid pairs are dropped, not bucketed
-        valid = bucket > 0
-        bucket = torch.where(valid, bucket, torch.full_like(bucket, num_experts))   # an extra, dropped bucket
-        counts = torch.bincount(bucket, minlength=num_experts + 1)[:num_experts]
+        bucket = torch.where(bucket > 0, bucket, torch.full_like(bucket, num_experts))   # an extra, dropped bucket
+        counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, bucket, ones)
     else:
-        valid = None
-        counts = torch.bincount(bucket.clamp(0, num_experts - 1), minlength=num_experts)[:num_experts]
+        counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(
+            0, bucket.clamp(0, num_experts - 1), ones)
+    counts = counts[:num_experts]
     padded = (counts + block_size - 1) // block_size * block_size
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
@@ -146,6 +149,12 @@ def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, ex
     num_tokens_post_pad[:1].copy_(total.reshape(1).to(num_tokens_post_pad.dtype))
     cumsum_buffer.zero_()
     cumsum_buffer[1:num_experts + 1].copy_(ends.to(cumsum_buffer.dtype))
+
+
+def moe_sum_reduce(input, output, routed_scaling_factor):
+    """``output[t] = routed_scaling_factor * sum_k input[t, k]`` (the top-k combine of the Triton fused MoE
+    for more than 2 experts per token), accumulated in fp32."""
+    output.copy_((input.float().sum(1) * routed_scaling_factor).to(output.dtype))
 
 
 # ----------------------------------------------------------------------------- CUDA graphs
@@ -174,6 +183,8 @@ _SCHEMAS = {
                              "Tensor(a!) sorted_token_ids, Tensor(b!) experts_ids, Tensor(c!) num_tokens_post_pad, "
                              "Tensor(d!) cumsum_buffer, bool pad_sorted_token_ids, bool ignore_invalid_expert) -> ()",
                              moe_align_block_size),
+    "moe_sum_reduce": ("moe_sum_reduce(Tensor input, Tensor(a!) output, float routed_scaling_factor) -> ()",
+                       moe_sum_reduce),
     "weak_ref_tensor": ("weak_ref_tensor(Tensor(a) t) -> Tensor(a)", weak_ref_tensor),
 }
 OPS = tuple(_SCHEMAS)

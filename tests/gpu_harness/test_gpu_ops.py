@@ -89,3 +89,13 @@ def test_partial_rotary_embedding(is_neox):
             a, b = (j, j + rot // 2) if is_neox else (2 * j, 2 * j + 1)
             torch.testing.assert_close(ov[t, :, a], qv[t, :, a] * c - qv[t, :, b] * s)
             torch.testing.assert_close(ov[t, :, b], qv[t, :, b] * c + qv[t, :, a] * s)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+def test_moe_sum_reduce(scale):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 10, 32, generator=g).to(torch.bfloat16)
+    out = torch.full((6, 32), float("nan"), dtype=torch.bfloat16)
+    gpu_ops.moe_sum_reduce(x, out, scale)
+    ref = [[scale * sum(float(x[t, k, h]) for k in range(10)) for h in range(32)] for t in range(6)]
+    torch.testing.assert_close(out.float(), torch.tensor(ref), rtol=8e-3, atol=8e-3)

@@ -1,0 +1,110 @@
+"""Issue 21's H200 serving numbers: gather the device calls of ``tools/h200_fleet.sh`` into one JSON + PNG.
+
+    python bench/sglang_h200_fleet.py --out bench/results/sglang_h200_fleet \\
+        --call 3=/path/to/call3/results.json --call 5=/path/to/call5/results.json ...
+
+Each ``--call LABEL=results.json`` is one device call's ``results.json`` (servers, greedy tokens, SGLang
+``bench_serving`` rows). Writes ``OUT.json`` (``meta``; per call: servers that served, greedy-token divergence
+positions, every bench row's metrics) and ``OUT.png`` (output throughput and median ITL per row), and
+prints the markdown table of docs/sglang_on_gpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+# what each call ran on the device (docs/sglang_on_gpu.md; FLEET_ONLY / FLEET_EXTRA varied per call)
+DEVICE_COMMAND = "set -o pipefail; [FLEET_ONLY=...] [FLEET_EXTRA=...] BUDGET=... bash .h200/src/tools/h200_fleet.sh " \
+                 "2>&1 | tee $OUT/log   (carry [\".h200\"])"
+
+METRICS = ("output_throughput", "median_itl_ms", "mean_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_ttft_ms",
+           "duration", "completed", "total_output_tokens", "max_concurrency", "random_input_len", "random_output_len")
+
+
+def divergence(x: list, y: list) -> int | None:
+    """Index of the first differing token of two greedy continuations (None: equal)."""
+    return next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), None)
+
+
+def gather(calls: dict[str, Path]) -> dict:
+    out = {}
+    for label, path in calls.items():
+        res = json.loads(Path(path).read_text())
+        servers = {}
+        for name, s in res["servers"].items():
+            tok = s.get("tokens")
+            servers[name] = {"argv": s["argv"][1:], "served": tok is not None}
+            if tok:
+                servers[name].update(ready_s=round(tok.get("ready_s", 0)), solo_ids=tok["solo_ids"],
+                                     batch_ids=tok["batch_ids"],
+                                     solo_vs_batch=[divergence(a, b) for a, b in zip(tok["solo_ids"], tok["batch_ids"])])
+        pairs = {}
+        for name in servers:
+            ref = name.split("_")[0] + "_stock"
+            if name != ref and servers[name]["served"] and servers.get(ref, {}).get("served"):
+                pairs[f"{ref} vs {name}"] = {
+                    k: [divergence(a, b) for a, b in zip(servers[ref][k], servers[name][k])]
+                    for k in ("solo_ids", "batch_ids")}
+        rows = {k: {m: v.get(m) for m in METRICS} for k, v in res["bench"].items()}
+        out[label] = {"servers": servers, "stock_vs_other": pairs, "bench": rows}
+    return out
+
+
+def table(data: dict) -> str:
+    lines = ["| call | server | concurrency | output tok/s | median ITL ms | p99 ITL ms | median TPOT ms | duration s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, call in data.items():
+        for row, m in call["bench"].items():
+            name, conc = row.rsplit("_c", 1)
+            lines.append(f"| {label} | {name} | {conc} | {m['output_throughput']:.0f} | {m['median_itl_ms']:.2f} | "
+                         f"{m['p99_itl_ms']:.2f} | {m['median_tpot_ms']:.2f} | {m['duration']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(f"{name} c{conc}\n(call {label})", m) for label, call in data.items()
+            for row, m in call["bench"].items() for name, conc in [row.rsplit("_c", 1)]]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.5 * len(rows) + 2))
+    labels = [r for r, _ in rows]
+    for ax, metric, title in ((axes[0], "output_throughput", "output throughput (tok/s)"),
+                              (axes[1], "median_itl_ms", "median ITL (ms)")):
+        ax.barh(range(len(rows)), [m[metric] for _, m in rows], color="tab:blue")
+        ax.set_yticks(range(len(rows)), labels if ax is axes[0] else [""] * len(rows), fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title)
+    fig.suptitle("SGLang 0.5.23 bench_serving on one H200, CUDA graphs on (random 512 in / 256 out, rate inf)\n"
+                 "rows from different device calls are not comparable (see docs/sglang_on_gpu.md)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--call", action="append", required=True, help="LABEL=path/to/results.json (repeat)")
+    p.add_argument("--out", required=True, help="output path without suffix (.json and .png are written)")
+    a = p.parse_args(argv)
+    calls = dict(c.split("=", 1) for c in a.call)
+    data = gather(calls)
+    out = Path(a.out)
+    meta = {"command": "python bench/sglang_h200_fleet.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "device_command": DEVICE_COMMAND, "device": "1x NVIDIA H200 (device tool), torch 2.11, Triton 3.6",
+            "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "note": "call labels are the calls' start times (UTC, 2026-12-02); rows of different calls are "
+                    "different runs"}
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "calls": data}, indent=1))
+    plot(data, out.with_suffix(".png"))
+    print(table(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

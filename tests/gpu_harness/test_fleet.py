@@ -1,0 +1,71 @@
+"""The H200 fleet's bookkeeping (tools/h200_fleet.py, bench/sglang_h200_fleet.py), on made-up results.
+
+The greedy-token comparison names the first differing token of each prompt against the stock server of the
+same family; the gatherer keeps every bench row's metrics and writes JSON + PNG; the local ShareGPT-shaped
+file has more rows than any run's prompts (the random dataset stops at the file's end).
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fleet = _load(ROOT / "tools" / "h200_fleet.py", "h200_fleet")
+gather = _load(ROOT / "bench" / "sglang_h200_fleet.py", "sglang_h200_fleet")
+
+STOCK = [[1, 2, 3, 4], [5, 6, 7, 8]]
+OURS = [[1, 2, 9, 4], [5, 6, 7, 8]]
+
+
+def _state(tmp_path: Path) -> Path:
+    st = {n: {"pid": 2 ** 22 + i, "port": 1, "argv": ["serve.py", mode, "--model-path", "/m"], "started": 0}
+          for i, (n, mode) in enumerate((("m2_stock", "stock"), ("m2_ours_fp32", "plugin")))}
+    (tmp_path / "servers.json").write_text(json.dumps(st))
+    for n, ids in (("m2_stock", STOCK), ("m2_ours_fp32", OURS)):
+        (tmp_path / f"tok_{n}.json").write_text(json.dumps({"solo_ids": ids, "batch_ids": ids, "ready_s": 5}))
+        (tmp_path / f"{n}.log").write_text("Traceback: x\nlast line\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "m2_stock_c64.jsonl").write_text(json.dumps(
+        {"output_throughput": 1000.0, "median_itl_ms": 5.0, "p99_itl_ms": 9.0, "median_tpot_ms": 4.0,
+         "duration": 3.0}) + "\n")
+    return tmp_path
+
+
+def test_compare_names_first_differing_token(tmp_path, monkeypatch):
+    monkeypatch.setattr(fleet, "PAIRS", [("m2_stock", "m2_ours_fp32")])
+    fleet.compare(_state(tmp_path))
+    lines = (tmp_path / "compare.txt").read_text().splitlines()
+    assert "m2_stock vs m2_ours_fp32 solo_ids[0]: differ from token 2 (4 tokens)" in lines
+    assert "m2_stock vs m2_ours_fp32 solo_ids[1]: EQUAL (4 tokens)" in lines
+
+
+def test_report_and_gather(tmp_path):
+    (tmp_path / "state").mkdir()
+    state = _state(tmp_path / "state")
+    fleet.report(state, tmp_path / "out")
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["bench"]["m2_stock_c64"]["output_throughput"] == 1000.0
+    assert "last line" in (tmp_path / "out" / "servers.log").read_text()
+    gather.main(["--out", str(tmp_path / "fleet"), "--call", f"x={tmp_path / 'out' / 'results.json'}"])
+    data = json.loads((tmp_path / "fleet.json").read_text())
+    assert data["calls"]["x"]["stock_vs_other"]["m2_stock vs m2_ours_fp32"] == {"solo_ids": [2, None],
+                                                                                "batch_ids": [2, None]}
+    assert data["calls"]["x"]["bench"]["m2_stock_c64"]["median_itl_ms"] == 5.0
+    assert (tmp_path / "fleet.png").stat().st_size > 1000
+
+
+def test_sharegpt_file_outlasts_the_prompts(tmp_path):
+    rows = json.loads(fleet._sharegpt(tmp_path).read_text())
+    assert len(rows) > max(fleet.PROMPTS_PER_CONC.values()) + 8
+    assert all(len(r["conversations"]) == 2 and r["conversations"][0]["value"] for r in rows)

@@ -1,0 +1,276 @@
+"""Issue 21, steps 2-3 on the H200: many SGLang servers on one GPU, greedy tokens, then bench_serving per server.
+
+    python3 tools/h200_fleet.py start  CKPT_DIR STATE_DIR   # start every server of SERVERS (setsid, staggered)
+    python3 tools/h200_fleet.py tokens STATE_DIR DEADLINE_S # wait for health, greedy tokens of each, compare
+    python3 tools/h200_fleet.py bench  STATE_DIR DEADLINE_S # bench_serving per server x concurrency (skips done rows)
+    python3 tools/h200_fleet.py report STATE_DIR OUT_DIR    # results.json (+ servers.log) into OUT_DIR
+
+Every server runs at once (CUDA graphs on), each with capped pools (``POOL_FLAGS``) so they share the
+card; the servers are started a few seconds apart and left running (``setsid``) so that a later device
+call on the same warm machine can go on benchmarking them. ``bench_serving`` runs one server at a time
+(the others idle): SGLang's own ``sglang.benchmark.serving``, random dataset (its token source a local
+ShareGPT-shaped file: the machine has no internet), fixed lengths (``--random-range-ratio 1``), request
+rate inf, ``--max-concurrency`` 64 and 256. Each row's JSON line is kept in STATE_DIR/bench/.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GRAPH = ["--cuda-graph-max-bs-decode", "256"]
+POOL_FLAGS = ["--dtype", "bfloat16", "--mem-fraction-static", "0.9", "--max-running-requests", "256",
+              "--max-total-tokens", "262144", "--max-mamba-cache-size", "272",
+              # random prompts share no prefix; without the radix cache SGLang keeps one mamba slot per request
+              "--disable-radix-cache"]
+NGRAM = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
+# name -> (mode, model, extra flags); order = start order = bench order
+SERVERS: dict[str, tuple[str, str, list[str]]] = {
+    "gdn_stock": ("stock", "qwen3_next", []),
+    "gdn_ours_fp32": ("plugin", "qwen3_next", []),
+    "gdn_sglang_replayssm": ("stock", "qwen3_next", ["--enable-linear-replayssm"]),
+    "gdn_ours_fp8": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8"]),
+    "m2_stock": ("stock", "nemotron_h", []),
+    "m2_ours_fp32": ("plugin", "nemotron_h", []),
+    "gdn_stock_ngram": ("stock", "qwen3_next", NGRAM),
+    "gdn_ours_fp32_ngram": ("plugin", "qwen3_next", NGRAM),
+    # SGLang refuses --enable-linear-replayssm together with its spec variant (they share the ring)
+    "gdn_sglang_replayssm_ngram": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM]),
+    "gdn_ours_fp8_ngram": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8", *NGRAM]),
+}
+ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
+# stock-vs-other greedy comparisons: (reference, candidate)
+PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn_stock"] + \
+        [("m2_stock", "m2_ours_fp32")]
+CONCURRENCY = (64, 256)
+INPUT_LEN, OUTPUT_LEN = 512, 256
+PROMPTS_PER_CONC = {64: 192, 256: 512}
+
+
+def _servers():
+    return {k: v for k, v in SERVERS.items() if not ONLY or k in ONLY}
+
+
+def _state(state: Path) -> dict:
+    p = state / "servers.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def start(ckpt: Path, state: Path) -> None:
+    state.mkdir(parents=True, exist_ok=True)
+    st = _state(state)
+    port = 30000 + len(st)
+    for name, (mode, model, extra) in _servers().items():
+        if name in st and _alive(st[name]["pid"]):
+            continue
+        argv = [sys.executable, str(HERE / "h200_serve.py"), mode, "--model-path", str(ckpt / model),
+                "--host", "127.0.0.1", "--port", str(port), *POOL_FLAGS, *GRAPH, *extra,
+                *os.environ.get("FLEET_EXTRA", "").split()]
+        log = open(state / f"{name}.log", "w")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        st[name] = {"pid": proc.pid, "port": port, "argv": argv[1:], "started": time.time()}
+        print(f"started {name} pid {proc.pid} port {port}: {' '.join(argv[2:])}", flush=True)
+        (state / "servers.json").write_text(json.dumps(st, indent=1))
+        port += 1
+        time.sleep(float(os.environ.get("FLEET_STAGGER_S", "4")))   # pools are capped: no need to wait longer
+
+
+def _healthy(port: int) -> bool:
+    import requests
+
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def tokens(state: Path, deadline: float) -> None:
+    sys.path.insert(0, str(HERE))
+    import h200_query
+
+    st = _state(state)
+    todo = [n for n in st if n in _servers() and not (state / f"tok_{n}.json").exists()]
+    while todo and time.time() < deadline:
+        for n in list(todo):
+            info = st[n]
+            if not _alive(info["pid"]):
+                print(f"{n}: server exited ({time.time() - info['started']:.0f}s after start)", flush=True)
+                todo.remove(n)
+            elif _healthy(info["port"]):
+                ready = time.time() - info["started"]
+                try:
+                    h200_query.query(info["port"], str(state / f"tok_{n}.json"), info["pid"], timeout=30)
+                    res = json.loads((state / f"tok_{n}.json").read_text())
+                    res["ready_s"] = ready
+                    (state / f"tok_{n}.json").write_text(json.dumps(res))
+                    print(f"{n}: healthy {ready:.0f}s after start", flush=True)
+                except Exception as e:   # noqa: BLE001 -- recorded, the fleet goes on
+                    print(f"{n}: query failed: {e!r}", flush=True)
+                todo.remove(n)
+        time.sleep(2)
+    for n in todo:
+        print(f"{n}: not healthy by the deadline", flush=True)
+    compare(state)
+
+
+def compare(state: Path) -> None:
+    lines = []
+    for a, b in PAIRS:
+        pa, pb = state / f"tok_{a}.json", state / f"tok_{b}.json"
+        if not (pa.exists() and pb.exists()):
+            continue
+        ra, rb = json.loads(pa.read_text()), json.loads(pb.read_text())
+        for key in ("solo_ids", "batch_ids"):
+            for i, (x, y) in enumerate(zip(ra[key], rb[key])):
+                n = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                lines.append(f"{a} vs {b} {key}[{i}]: " + ("EQUAL" if x == y else f"differ from token {n}")
+                             + f" ({len(x)} tokens)")
+    (state / "compare.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def _sharegpt(state: Path) -> Path:
+    """A ShareGPT-shaped file for the random dataset's token source (varied English text, no download)."""
+    p = state / "sharegpt_local.json"
+    if not p.exists():
+        text = (HERE / "h200_fleet.py").read_text() + (HERE / "h200_query.py").read_text()
+        words = text.split()
+        starts = [(k * 37) % (len(words) - 500) for k in range(2000)]   # more rows than any run's prompts
+        convs = [{"conversations": [{"from": "human", "value": " ".join(words[i:i + 400])},
+                                    {"from": "gpt", "value": " ".join(words[i + 400:i + 500])}]} for i in starts]
+        p.write_text(json.dumps(convs))
+    return p
+
+
+def _bench_argv(info: dict, name: str, conc: int, data: Path, row: Path) -> list[str]:
+    model = info["argv"][3]
+    return ["--backend", "sglang", "--host", "127.0.0.1", "--port", str(info["port"]), "--model", model,
+            "--tokenizer", model, "--dataset-name", "random", "--dataset-path", str(data),
+            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
+            "--num-prompts", str(PROMPTS_PER_CONC[conc]), "--request-rate", "inf", "--max-concurrency", str(conc),
+            "--tokenize-prompt", "--warmup-requests", "4", "--disable-tqdm", "--seed", "1", "--tag", name,
+            "--output-file", str(row)]
+
+
+def bench(state: Path, deadline: float) -> None:
+    """Every row not done yet, one server at a time, in one child process (SGLang imported once)."""
+    st = _state(state)
+    out = state / "bench"
+    out.mkdir(exist_ok=True)
+    starting = [n for n in st if _alive(st[n]["pid"]) and not _healthy(st[n]["port"])]
+    for n in starting:   # too late: their start-up (JIT, graph capture) would share the GPU with the benchmark
+        print(f"bench: {n} still starting {time.time() - st[n]['started']:.0f}s after start: stopped", flush=True)
+        import signal
+        os.killpg(st[n]["pid"], signal.SIGKILL)
+    time.sleep(2 if starting else 0)
+    data = _sharegpt(state)
+    rows = []
+    for n in [n for n in _servers() if n in st and _alive(st[n]["pid"])]:
+        for conc in CONCURRENCY:
+            row = out / f"{n}_c{conc}.jsonl"
+            if not (row.exists() and row.stat().st_size):
+                rows.append([n, conc, str(row), _bench_argv(st[n], n, conc, data, row)])
+    if not rows:
+        return
+    (out / "rows.json").write_text(json.dumps(rows))
+    sys.path.insert(0, str(HERE.parent))
+    from sglang_replayssm import gpu_harness
+
+    with open(out / "rows.log", "a") as log:
+        try:
+            subprocess.run([sys.executable, __file__, "bench-rows", str(out / "rows.json"), str(deadline)],
+                           stdout=log, stderr=subprocess.STDOUT, env=gpu_harness.harness_env(),
+                           timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            print("bench: deadline reached", flush=True)
+    for n, conc, row, _ in rows:
+        print(f"bench {n} c{conc}: " + _row_summary(Path(row)), flush=True)
+
+
+def bench_rows(rows_path: Path, deadline: float) -> None:
+    """(child) SGLang's bench_serving CLI for each row, in this one process, until the deadline."""
+    sys.path.insert(0, str(HERE.parent))
+    from sglang_replayssm import gpu_harness
+
+    gpu_harness.activate()
+    from sglang.benchmark import serving
+
+    for name, conc, row, argv in json.loads(rows_path.read_text()):
+        if deadline - time.time() < 40:
+            print(f"row {name} c{conc}: {deadline - time.time():.0f}s left, stopped", flush=True)
+            return
+        t0 = time.time()
+        print(f"===== row {name} c{conc}", flush=True)
+        sys.argv = ["bench_serving", *argv]
+        try:
+            serving.cli_main()
+        except BaseException as e:   # noqa: BLE001 -- one failed row must not stop the others
+            print(f"row {name} c{conc} failed: {e!r}", flush=True)
+        print(f"row {name} c{conc}: {time.time() - t0:.0f}s", flush=True)
+
+
+def _row_summary(row: Path) -> str:
+    if not row.exists() or not row.stat().st_size:
+        return "(no result)"
+    r = json.loads(row.read_text().strip().splitlines()[-1])
+    return (f"out {r.get('output_throughput', 0):.0f} tok/s, median ITL {r.get('median_itl_ms', 0):.2f} ms, "
+            f"median TPOT {r.get('median_tpot_ms', 0):.2f} ms, accept {r.get('accept_length')}")
+
+
+def report(state: Path, out: Path) -> None:
+    st = _state(state)
+    res = {"servers": {}, "bench": {}, "compare": (state / "compare.txt").read_text()
+           if (state / "compare.txt").exists() else ""}
+    for n, info in st.items():
+        tok = state / f"tok_{n}.json"
+        res["servers"][n] = {"argv": info["argv"], "alive": _alive(info["pid"]),
+                             "tokens": json.loads(tok.read_text()) if tok.exists() else None}
+    for row in sorted(glob.glob(str(state / "bench" / "*.jsonl"))):
+        lines = Path(row).read_text().strip().splitlines()
+        if lines:
+            res["bench"][Path(row).stem] = json.loads(lines[-1])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    # the servers' errors and kernel resolutions, and each log's tail
+    with open(out / "servers.log", "w") as f:
+        for n in st:
+            text = (state / f"{n}.log").read_text(errors="replace").splitlines()
+            keep = [ln for ln in text if any(w in ln for w in ("Error", "error", "Traceback", "gpu-harness",
+                                                                "ReplaySSM", "KV Cache", "Capture", "capture",
+                                                                "Post-capture", "max_running", "amba", "Memory pool",
+                                                                "avail mem"))]
+            f.write(f"===== {n} ({len(text)} lines)\n" + "\n".join(dict.fromkeys(keep))[-6000:] + "\n--- tail\n"
+                    + "\n".join(text[-25:]) + "\n")
+        blog = state / "bench" / "rows.log"
+        if blog.exists():
+            f.write("===== bench rows.log\n" + "\n".join(blog.read_text(errors="replace").splitlines()[-400:]) + "\n")
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    if cmd == "start":
+        start(Path(args[0]), Path(args[1]))
+    elif cmd == "tokens":
+        tokens(Path(args[0]), time.time() + float(args[1]))
+    elif cmd == "bench":
+        bench(Path(args[0]), time.time() + float(args[1]))
+    elif cmd == "bench-rows":
+        bench_rows(Path(args[0]), float(args[1]))
+    elif cmd == "report":
+        report(Path(args[0]), Path(args[1]))
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 21, steps 2-3 on the H200 (device tool, carry [".h200"]; docs/sglang_on_gpu.md):
+#   BUDGET=560 bash .h200/src/tools/h200_fleet.sh
+# installs the wheels (once per machine), writes the wide checkpoints (gpu_harness.wide_checkpoints, once),
+# starts every server of tools/h200_fleet.py (left running: a next call on the warm machine goes on),
+# takes greedy tokens, runs bench_serving for the rows not yet done, and writes results.json + servers.log to
+# $OUT. A second call continues where the first stopped (state in /tmp/fleet).
+set -u
+H=$PWD/.h200
+OUT=${OUT:-/tmp/h200_out}; mkdir -p "$OUT"
+STATE=/tmp/fleet
+t0=$(date +%s); BUDGET=${BUDGET:-560}
+left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
+if [ ! -f /tmp/site/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$H"/whl/*.whl 2>&1 | tail -3
+  tar xJf "$H/sglang_tree.tar.xz" -C /tmp/site && touch /tmp/site/.installed
+fi
+export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+if [ ! -f /tmp/wide/nemotron_h/model.safetensors ]; then
+  (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints "$H/ckpt" /tmp/wide) || exit 1   # cwd off the path: the checkout's own package
+fi
+echo "ready in $(( $(date +%s) - t0 ))s"
+F="python3 $H/src/tools/h200_fleet.py"
+$F start /tmp/wide $STATE
+$F tokens $STATE $(( $(left) - ${BENCH_RESERVE:-150} ))
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+$F bench $STATE $(( $(left) - 20 ))
+$F report $STATE "$OUT"
+echo "total $(( $(date +%s) - t0 ))s"
