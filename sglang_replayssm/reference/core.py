@@ -32,6 +32,15 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def step_table_rows(state: torch.Tensor, slots: torch.Tensor, step, *inputs):
+    """A conventional decode on a state table: the rows ``state[slots]`` go through ``step(rows, *inputs)``
+    (which returns ``(out, new_rows)``) in compute precision and are written back in place. Returns out."""
+    idx = slots.long()
+    out, new = step(state[idx].to(compute_dtype(state)), *inputs)
+    state[idx] = new.to(state.dtype)
+    return out
+
+
 def expand_heads(x: torch.Tensor, num_heads: int, dim: int = -2) -> torch.Tensor:
     """Repeat grouped k-heads / Mamba-2 groups so that value head ``h`` sees group ``h // (H // Hk)``."""
     groups = x.shape[dim]

@@ -54,10 +54,7 @@ def conventional_step(state, q, k, v, a, b, A_log, dt_bias, scale=None):
 def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None):
     """Conventional decode on a state table: the rows ``state[slots]`` (``state [S, H, V, K]``, e.g.
     ``pool.ckpt[layer]``) step one token, in place. Returns ``o [B, H, V]`` in compute precision."""
-    idx = slots.long()
-    o, new = conventional_step(state[idx].to(core.compute_dtype(state)), q, k, v, a, b, A_log, dt_bias, scale)
-    state[idx] = new.to(state.dtype)
-    return o
+    return core.step_table_rows(state, slots, conventional_step, q, k, v, a, b, A_log, dt_bias, scale)
 
 
 fold = replay.fold

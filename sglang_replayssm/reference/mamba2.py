@@ -44,10 +44,7 @@ def conventional_step(state, x, dt, A, B, C, D, dt_bias, z=None):
 def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None):
     """Conventional decode on a state table: the rows ``state[slots]`` (``state [S, H, P, N]``, e.g.
     ``pool.ckpt[layer]``) step one token, in place. Returns ``y [Bt, H, P]`` in compute precision."""
-    idx = slots.long()
-    y, new = conventional_step(state[idx].to(core.compute_dtype(state)), x, dt, A, B, C, D, dt_bias, z)
-    state[idx] = new.to(state.dtype)
-    return y
+    return core.step_table_rows(state, slots, conventional_step, x, dt, A, B, C, D, dt_bias, z)
 
 
 fold = replay.fold
