@@ -10,6 +10,8 @@ import pytest
 
 from sglang_replayssm.flags import ReplaySSMOptions
 from sglang_replayssm.native.engine import Engine, EngineArgs, SamplingParams
+from sglang_replayssm.native.prefix_cache import prefix_hash
+from sglang_replayssm.scheduler.prefix_tree import MAX_REPORTED_BLOCKS, block_hashes
 
 GRID = 16
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -55,6 +57,13 @@ def test_forks_and_few_shot_hit_at_shared_grid_boundaries(family):
     # boundary 32 (its branching point); the third starts there
     assert hits == [0, 0, 32]
     assert outs == uncached(ref, forks)
+    # the load report names every entry, boundaries included, by id and by its text's chained block hashes
+    load, keys = e.stats(), [list(k) for k in e.cache.entries]
+    assert sorted(map(len, keys)) == [32, 48, 48, 49, 49]
+    assert load["cached_prefixes"] == [prefix_hash(k) for k in keys]
+    assert load["cached_prefix_blocks"]["prefixes"] == [
+        block_hashes(e.tokenizer.decode(k), load["cached_prefix_blocks"]["block_chars"], MAX_REPORTED_BLOCKS)
+        for k in keys]
     examples = tokens(1, 50)                                # few-shot: 50 tokens of examples, then a question
     shots = [examples + tokens(20 + i, 6) for i in range(3)]
     outs, hits = serve(e, shots)
