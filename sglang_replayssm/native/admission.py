@@ -9,7 +9,7 @@
   boundaries whose states the prefix cache wants (`PrefixCache.prompt_cuts`) so each can be kept in a
   spare slot (`keep`); when sample 0's prefill ends, its state is forked into its sibling samples' slots.
 * `keep` / `keep_decoded`: a copy of a request's state kept as a prefix-cache entry if no request waits: at
-  prefill in a spare slot or in place of the least recently used entry of another request; at decode
+  prefill in a spare slot or in place of the least recently used entry (but its branching point); at decode
   (`keep_decoded`, when a sequence reaches a grid boundary) in a spare slot only, replacing the entry the
   request kept at its previous boundary.
 * `abort` / `retire`: a request leaves (aborted, or finished); its slot goes back to the pool.
@@ -104,7 +104,8 @@ class Admission:
                     self.fork(hit[0], req.slot)
                     self.pool.force_flush([req.slot])   # a state kept at decode: its records, folded to prefill on
                     req.prefilled = hit[1]
-                req.cache_cuts = self.cache.prompt_cuts(req.prompt, req.prefilled)
+                req.cache_branch = self.cache.branch_point(req.prompt)
+                req.cache_cuts = self.cache.prompt_cuts(req.prompt, req.prefilled, req.cache_branch)
                 for i, slot in enumerate(self.pool.alloc(n - 1) if n > 1 else [], 1):
                     kid = Request(req.rid, req.prompt, req.params, slot=slot, index=i, group=req.group,
                                   awaiting_fork=True, generator=sampling.generator_for(req.params, i))
@@ -148,14 +149,15 @@ class Admission:
     def keep(self, req: Request, key: list, evict: bool, replaces: tuple | None = None) -> bool:
         """Keep a copy of req's state (the state after the tokens `key`) as a prefix-cache entry, if the cache
         wants it and no request waits, in a spare slot or, with `evict`, in the slot of the least recently used
-        entry that req did not keep itself (when the pool is full or the cache holds max_entries). `replaces`:
+        entry but req's branching point (when the pool is full or the cache holds max_entries). `replaces`:
         the key of an entry of req's that this one supersedes (dropped first). Whether it was kept."""
         if not self.cache.wants(key) or self.waiting:
             return False
         if replaces is not None and (old := self.cache.remove(replaces)) is not None:
             self.pool.free([old])
         if len(self.cache) >= self.cache.max_entries or self.pool.num_free == 0:
-            slot = self.cache.evict(skip=req.kept) if evict else None
+            branch = {tuple(req.prompt[:req.cache_branch])} if req.cache_branch else set()
+            slot = self.cache.evict(skip=branch) if evict else None
             if slot is None:
                 return False
             self.pool.free([slot])
@@ -166,7 +168,6 @@ class Admission:
             self.pool.free([dst])
             return False
         self.cache.insert(key, dst, self._prefix_blocks(key))
-        req.kept.add(tuple(key))
         return True
 
     def keep_decoded(self, req: Request, key: list) -> None:

@@ -8,16 +8,17 @@ A new prompt that extends a key starts from a fork of the longest such entry and
 Which states are kept (the SGLang plugin's `--mamba-radix-cache-strategy extra_buffer` semantics, with
 `interval` = `--prefix-cache-interval` as SGLang's `--mamba-track-interval`; `admission.py` cuts prefill
 chunks at these boundaries, `step_runner.py` copies a decoding slot when it reaches one):
-* at prefill, `prompt_cuts`: the last grid boundary of the prompt, the grid boundary at which the prompt
-  leaves the longest cached sequence it shares tokens with (the *branching point*: a fork of an earlier
-  request; the next fork of the same prefix hits there), and the prompt without its last token (an exact
-  repeat, the n samples of a request, a retry);
+* at prefill, `prompt_cuts`: the last grid boundary of the prompt (few-shot prompts that share their
+  examples hit there), the grid boundary at which the prompt leaves the longest cached sequence it
+  shares tokens with (`branch_point`: a fork of an earlier request; the next fork of the same prefix
+  hits there), and the prompt without its last token (an exact repeat, a retry, a next turn);
 * at decode, the last grid boundary a sequence reached (`on_grid`; each boundary's entry replaces the
   previous one of the same sequence, as SGLang's track slot): a multi-turn request that extends an
   earlier answer hits at the last boundary the answer reached.
 Entries live in slots no running request needs: they are evicted (least recently used first) as soon
-as a request waits. A prefill state takes a spare slot or the slot of the least recently used entry of
-another request (when the pool is full or the cache holds `max_entries`); a decode state only a spare slot.
+as a request waits. A prefill state takes a spare slot or, when the pool is full or the cache holds
+`max_entries`, the slot of the least recently used entry but the request's branching point; a decode
+state only a spare slot.
 
 What the engine reports about its entries (GET /v1/replayssm/load) names them without their text:
 `hashes()` (an id of each token sequence) and `block_lists()` (the chained block hashes of each
@@ -36,12 +37,15 @@ def prefix_hash(tokens) -> str:
     return hashlib.sha1(",".join(map(str, tokens)).encode()).hexdigest()[:12]
 
 
-def common_prefix_len(a, b) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def common_prefix_len(a: tuple, b: tuple) -> int:
+    """How many leading tokens two token tuples share (a bisection of slice comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:   # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
 
 
 class PrefixCache:
@@ -84,15 +88,20 @@ class PrefixCache:
             self.hit_tokens += best[1]
         return best
 
-    def prompt_cuts(self, prompt: list, start: int) -> tuple[int, ...]:
+    def branch_point(self, prompt: list) -> int:
+        """The grid boundary at which prompt leaves the longest cached sequence it shares tokens with (0: none)."""
+        p = tuple(prompt)
+        shared = max((common_prefix_len(p, k) for k in self.entries), default=0)
+        return min(shared, len(prompt) - 1) // self.interval * self.interval
+
+    def prompt_cuts(self, prompt: list, start: int, branch: int) -> tuple[int, ...]:
         """The prompt lengths past `start` (what a hit gave) whose states the cache wants from the prefill:
-        the grid boundary where the prompt leaves the longest cached sequence it shares tokens with, the
-        prompt's last grid boundary, and the prompt without its last token; ascending."""
+        the branching point `branch`, the prompt's last grid boundary, and the prompt without its last token;
+        ascending."""
         if not self.enabled:
             return ()
         key = len(prompt) - 1
-        shared = max((common_prefix_len(prompt, k) for k in self.entries), default=0)
-        cuts = {min(shared, key) // self.interval * self.interval, key // self.interval * self.interval, key}
+        cuts = {branch, key // self.interval * self.interval, key}
         return tuple(sorted(b for b in cuts if b > start and self.wants(prompt[:b])))
 
     def insert(self, key, slot: int, blocks: list | None = None) -> None:
