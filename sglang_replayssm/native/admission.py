@@ -102,7 +102,7 @@ class Admission:
                 hit = self.cache.lookup(req.prompt)
                 if hit is not None:                 # start from the cached prefix state
                     self.fork(hit[0], req.slot)
-                    self.pool.force_flush([req.slot])   # a state kept at decode: its records, folded to prefill on
+                    self.pool.force_flush([req.slot])   # an entry kept at decode has ring records: fold this copy's
                     req.prefilled = hit[1]
                 req.cache_branch = self.cache.branch_point(req.prompt)
                 req.cache_cuts = self.cache.prompt_cuts(req.prompt, req.prefilled, req.cache_branch)
