@@ -16,6 +16,9 @@ scheduler, tracking every 64 tokens. Both servers answer greedily; the run fails
 
 (``python -m sglang_replayssm.cpu_harness.tiny_checkpoints /tmp/tiny`` writes the tiny Qwen3-Next checkpoint.)
 On this CPU only the ratios mean something: prefill tokens saved is exact; TTFT is CPU prefill time.
+
+``--native`` sends the same workload to the native engine in process (the built-in model) with its prefix cache
+on a grid of 64 tokens and with one state per prompt, and writes ``bench/results/prefix_cache_native_cpu.json``.
 """
 
 from __future__ import annotations
@@ -97,6 +100,11 @@ class Server:
     def ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
+    def stream_all(self, prompts: list[list[int]]) -> list[dict]:
+        """The prompts sent at once."""
+        with ThreadPoolExecutor(4) as pool:
+            return list(pool.map(self.stream, prompts))
+
     def stream(self, input_ids: list[int]) -> dict:
         """Greedy generation, streamed: answer, cached tokens, time to the first token."""
         t0 = time.perf_counter()
@@ -115,7 +123,55 @@ class Server:
                 "ttft_s": ttft, "output_ids": last["output_ids"]}
 
 
-def workload(srv: Server) -> list[dict]:
+class NativeEngine:
+    """The native engine in process (`--native`: the built-in model, byte tokenizer, 8 slots, 2 cache entries) with
+    its prefix cache on a grid of `interval` tokens; an interval longer than any sequence keeps one state per
+    prompt (the prompt without its last token)."""
+
+    def __init__(self, interval: int):
+        from sglang_replayssm.native.engine import Engine, EngineArgs, SamplingParams
+
+        self.e = Engine(EngineArgs(max_running_requests=8, max_model_len=2048, prefix_cache_entries=2,
+                                   prefix_cache_interval=interval))
+        self.params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+        self.hits: dict[int, int] = {}
+        lookup = self.e.cache.lookup
+
+        def logged(prompt):   # the tokens each request found in the cache
+            hit = lookup(prompt)
+            self.hits[id(prompt)] = hit[1] if hit else 0
+            return hit
+        self.e.cache.lookup = logged
+
+    def ids(self, text: str) -> list[int]:
+        return self.e.tokenizer.encode(text)
+
+    def stream_all(self, prompts: list[list[int]]) -> list[dict]:
+        """The prompts admitted together; TTFT in engine steps is not measured (0)."""
+        reqs = [self.e.add_request(p, self.params) for p in prompts]
+        while self.e.has_work():
+            self.e.step()
+        return [{"prompt_tokens": len(r.prompt), "cached_tokens": self.hits.get(id(r.prompt), 0), "ttft_s": 0.0,
+                 "output_ids": r.output} for r in reqs]
+
+    def stream(self, input_ids: list[int]) -> dict:
+        return self.stream_all([input_ids])[0]
+
+
+def native_main(out: Path) -> None:
+    """Grid 64 against one state per prompt; the answers must be the same."""
+    results = {}
+    for name, interval in (("grid_64", 64), ("one_per_prompt", 1 << 30)):
+        rows = workload(NativeEngine(interval))
+        results[name] = {"summary": summary(rows), "answers": [r.pop("output_ids") for r in rows], "requests": rows}
+        sums = results[name]["summary"]
+        print(name, json.dumps({w: (v["cached_tokens"], v["prompt_tokens"]) for w, v in sums.items()}))
+    assert results["grid_64"].pop("answers") == results["one_per_prompt"].pop("answers"), "answers differ"
+    results["command"] = " ".join(["python", "bench/prefix_cache.py", *sys.argv[1:]])
+    out.write_text(json.dumps(results, indent=1))
+
+
+def workload(srv) -> list[dict]:
     rows = []
 
     def run(name, x):
@@ -129,8 +185,7 @@ def workload(srv: Server) -> list[dict]:
     conv = conv + run("forks", conv) + srv.ids("\nUser: and the sun?\nAssistant:")
     conv = conv + run("forks", conv)
     branches = [conv + srv.ids(f"\nUser: {q}\nAssistant:") for q in ("why?", "how far?", "how old?", "how big?")]
-    with ThreadPoolExecutor(4) as pool:
-        rows += [{"workload": "forks", **r} for r in pool.map(srv.stream, branches)]
+    rows += [{"workload": "forks", **r} for r in srv.stream_all(branches)]
     turn = srv.ids(SYSTEM + "User: name a prime number.\nAssistant:")
     for follow in ("another one?", "a bigger one?", "the sum of the two?", "is it prime?"):
         turn = turn + run("multi-turn", turn) + srv.ids(f"\nUser: {follow}\nAssistant:")
@@ -154,9 +209,15 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-dir", type=Path, required=True, help="tiny checkpoints folder (qwen3_next inside)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/prefix_cache_cpu.json"))
+    ap.add_argument("--model-dir", type=Path, help="tiny checkpoints folder (qwen3_next inside)")
+    ap.add_argument("--native", action="store_true", help="the native engine in process instead (NativeEngine)")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.native:
+        return native_main(args.out or Path("bench/results/prefix_cache_native_cpu.json"))
+    if args.model_dir is None:
+        ap.error("--model-dir: required (or --native)")
+    args.out = args.out or Path("bench/results/prefix_cache_cpu.json")
     results, answers = {}, {}
     for name, (extra, env) in STRATEGIES.items():
         srv = Server(args.model_dir / "qwen3_next", extra, env, args.out.with_name(f"prefix_cache_{name}.log"))

@@ -64,7 +64,11 @@ def native_parser() -> argparse.ArgumentParser:
                         "drafts pay at small batches and lose at large ones (bench/README.md, speculative "
                         "decoding on real text)")
     p.add_argument("--prefix-cache-entries", type=int, default=None,
-                   help="prompt-prefix states kept in idle pool slots (default: a quarter of the slots; 0: off)")
+                   help="prefix states kept in idle pool slots (default: a quarter of the slots; 0: off)")
+    p.add_argument("--prefix-cache-interval", type=int, default=64,
+                   help="the prefix cache keeps states every N tokens of a sequence, at prefill and decode (and "
+                        "at a prompt's branching point and its last token but one), like SGLang's "
+                        "--mamba-track-interval (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's weights")
     p.add_argument("--tokenizer", choices=("auto", "byte"), default="auto",
                    help="auto: the model folder's HuggingFace tokenizer (a folder without tokenizer files is "
@@ -187,7 +191,8 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
                       max_model_len=ns.context_length, chunk_size=ns.chunked_prefill_size,
                       speculative_num_draft_tokens=ns.speculative_num_draft_tokens,
                       speculative_disable_by_batch_size=ns.speculative_disable_by_batch_size, seed=ns.seed,
-                      prefix_cache_entries=cache, tokenizer=ns.tokenizer, served_model_name=ns.served_model_name)
+                      prefix_cache_entries=cache, prefix_cache_interval=ns.prefix_cache_interval,
+                      tokenizer=ns.tokenizer, served_model_name=ns.served_model_name)
     try:
         args.check()   # the engine's own check of its arguments (engine_args.py)
     except ValueError as e:

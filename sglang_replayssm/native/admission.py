@@ -6,8 +6,12 @@
   (prefix-cache entries give their slots up first; a full pool makes requests wait). A prompt that
   extends a cached prefix starts from a fork of that entry's state.
 * `next_chunk` / `chunk_done` (chunked prefill): the next span of a prompt to prefill, cut at the
-  prefix-cache key (the prompt without its last token) so the state there can be kept in a spare slot;
-  when sample 0's prefill ends, its state is forked into its sibling samples' slots.
+  boundaries whose states the prefix cache wants (`PrefixCache.prompt_cuts`) so each can be kept in a
+  spare slot (`keep`); when sample 0's prefill ends, its state is forked into its sibling samples' slots.
+* `keep` / `keep_decoded`: a copy of a request's state kept as a prefix-cache entry if no request waits: at
+  prefill in a spare slot or in place of the least recently used entry (but its branching point); at decode
+  (`keep_decoded`, when a sequence reaches a grid boundary) in a spare slot only, replacing the entry the
+  request kept at its previous boundary.
 * `abort` / `retire`: a request leaves (aborted, or finished); its slot goes back to the pool.
 """
 
@@ -98,7 +102,10 @@ class Admission:
                 hit = self.cache.lookup(req.prompt)
                 if hit is not None:                 # start from the cached prefix state
                     self.fork(hit[0], req.slot)
+                    self.pool.force_flush([req.slot])   # an entry kept at decode has ring records: fold this copy's
                     req.prefilled = hit[1]
+                req.cache_branch = self.cache.branch_point(req.prompt)
+                req.cache_cuts = self.cache.prompt_cuts(req.prompt, req.prefilled, req.cache_branch)
                 for i, slot in enumerate(self.pool.alloc(n - 1) if n > 1 else [], 1):
                     kid = Request(req.rid, req.prompt, req.params, slot=slot, index=i, group=req.group,
                                   awaiting_fork=True, generator=sampling.generator_for(req.params, i))
@@ -122,30 +129,52 @@ class Admission:
 
     # ------------------------------------------------------------------ chunked prefill
     def next_chunk(self, req: Request) -> tuple[int, int]:
-        """[start, end) of req.tokens to prefill next: at most chunk_size tokens, ending at the prefix-cache
-        key when the state there is worth keeping."""
+        """[start, end) of req.tokens to prefill next: at most chunk_size tokens, ending at the next boundary
+        whose state the prefix cache wants (req.cache_cuts, set at admission)."""
         start = req.prefilled
         end = min(start + self.chunk_size, req.prefill_len)
-        boundary = len(req.prompt) - 1
-        if self.cache.wants(req.prompt[:boundary]) and start < boundary < end:
-            end = boundary
-        return start, end
+        return start, next((b for b in req.cache_cuts if start < b < end), end)
 
     def chunk_done(self, req: Request, end: int) -> None:
-        """req.tokens[:end] are prefilled: keep the prefix state (if wanted and a slot is spare), and at the end
+        """req.tokens[:end] are prefilled: keep the state there if the prefix cache wants it, and at the end
         of the prefill fork it into the request's other samples."""
         req.prefilled = end
-        key = req.prompt[:len(req.prompt) - 1]
-        if (end == len(key) and self.cache.wants(key) and self.pool.num_free > 0 and not self.waiting):
-            if len(self.cache) >= self.cache.max_entries:
-                self.pool.free([self.cache.evict()])
-            dst = self.pool.alloc(1)[0]
-            self.fork(req.slot, dst)
-            self.cache.insert(key, dst, self._prefix_blocks(key))
+        if end in req.cache_cuts:
+            self.keep(req, req.prompt[:end], evict=True)
         if req.prefilled == req.prefill_len and len(req.group) > 1:   # parallel samples share this prefill
             self.fork(req.slot, [kid.slot for kid in req.group[1:]])
             for kid in req.group[1:]:
                 kid.prefilled, kid.awaiting_fork = len(kid.prompt), False
+
+    def keep(self, req: Request, key: list, evict: bool, replaces: tuple | None = None) -> bool:
+        """Keep a copy of req's state (the state after the tokens `key`) as a prefix-cache entry, if the cache
+        wants it and no request waits, in a spare slot or, with `evict`, in the slot of the least recently used
+        entry but req's branching point (when the pool is full or the cache holds max_entries). `replaces`:
+        the key of an entry of req's that this one supersedes (dropped first). Whether it was kept."""
+        if not self.cache.wants(key) or self.waiting:
+            return False
+        if replaces is not None and (old := self.cache.remove(replaces)) is not None:
+            self.pool.free([old])
+        if len(self.cache) >= self.cache.max_entries or self.pool.num_free == 0:
+            branch = {tuple(req.prompt[:req.cache_branch])} if req.cache_branch else set()
+            slot = self.cache.evict(skip=branch) if evict else None
+            if slot is None:
+                return False
+            self.pool.free([slot])
+        dst = self.pool.alloc(1)[0]
+        try:
+            self.fork(req.slot, dst)
+        except Exception:   # noqa: BLE001 - a cache entry is no reason to fail the request
+            self.pool.free([dst])
+            return False
+        self.cache.insert(key, dst, self._prefix_blocks(key))
+        return True
+
+    def keep_decoded(self, req: Request, key: list) -> None:
+        """A decoding request reached a grid boundary: keep its state there in a spare slot, in place of the one
+        it kept at its previous boundary (as SGLang's track slot holds a request's last tracked state)."""
+        if self.keep(req, key, False, req.decode_entry):
+            req.decode_entry = tuple(key)
 
     def _prefix_blocks(self, key: list) -> list:
         """The router's name for a cached prefix: chained hashes of its text's blocks (never the text)."""

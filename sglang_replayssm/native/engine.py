@@ -55,7 +55,7 @@ class Engine:
                           self.model.dtype)
         self.ops = SSMOps(cfg.family, self.pool, replay_verify=opts.verify, kernels=args.kernels)
         self.forward_ctx = ForwardContext(self.pool, self.kv, self.ops)
-        self.cache = PrefixCache(args.prefix_cache_entries)
+        self.cache = PrefixCache(args.prefix_cache_entries, args.prefix_cache_interval)
         self.step_stats = StepStats()
         self.counters = self.step_stats.counters
         self.admission = Admission(args, cfg.vocab_size, self.tokenizer, self.pool, self.kv, self.cache)
@@ -157,4 +157,5 @@ class Engine:
                 "snapshot_state_bytes_per_sequence": ReplayStatePool.capacity(
                     pool.geo, pool.num_layers, pool.cfg, 1, act_dtype=self.model.dtype)["snapshot_bytes_per_slot"],
                 "kv_cache_bytes": self.kv.bytes(), "prefix_cache_entries": self.cache.max_entries,
+                "prefix_cache_interval": self.cache.interval,
                 "tokenizer": self.tokenizer.name, "served_model_name": self.args.served_name}

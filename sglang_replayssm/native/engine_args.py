@@ -26,7 +26,8 @@ class EngineArgs:
     speculative_disable_by_batch_size: int = 0   # no drafts while this many requests decode together (0: never)
     replayssm: ReplaySSMOptions = dataclasses.field(default_factory=ReplaySSMOptions)
     seed: int = 0
-    prefix_cache_entries: int = 0        # prompt-prefix states kept in spare slots (0: off)
+    prefix_cache_entries: int = 0        # prefix states kept in spare slots (0: off)
+    prefix_cache_interval: int = 64      # the grid (tokens) of the states kept (prefix_cache.py)
     kernels: str = "auto"                # auto (Triton on CUDA) | triton | reference
     tokenizer: str = "auto"              # auto: the folder's HF tokenizer if it has one | byte (tokenizer.py)
     served_model_name: str | None = None # the name clients use (`model`); default from the model path
@@ -54,7 +55,8 @@ class EngineArgs:
                                 ("--chunked-prefill-size", self.chunk_size, 1),
                                 ("--speculative-num-draft-tokens", self.speculative_num_draft_tokens, 0),
                                 ("--speculative-disable-by-batch-size", self.speculative_disable_by_batch_size, 0),
-                                ("--prefix-cache-entries", self.prefix_cache_entries, 0)):
+                                ("--prefix-cache-entries", self.prefix_cache_entries, 0),
+                                ("--prefix-cache-interval", self.prefix_cache_interval, 1)):
             if value < lo:
                 raise ValueError(f"{flag}: must be >= {lo}, got {value}")
         if self.served_model_name is not None and not self.served_model_name.strip():

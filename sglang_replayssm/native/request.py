@@ -29,6 +29,9 @@ class Request:
     group: list = dataclasses.field(default_factory=list)   # all n samples of the request (this one included)
     awaiting_fork: bool = False          # a sample k > 0 before sample 0's prefill is forked into its slot
     stop_from: int = 0                   # text length when min_tokens was reached (stop strings end after it)
+    cache_cuts: tuple = ()               # prompt lengths whose states the prefix cache keeps (admission.py)
+    cache_branch: int = 0                # where the prompt leaves the cached sequences (a grid boundary; 0: none)
+    decode_entry: tuple | None = None    # the key of the prefix-cache entry kept at its last decode boundary
 
     @property
     def tokens(self) -> list:

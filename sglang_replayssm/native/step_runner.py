@@ -4,8 +4,11 @@ a batch, one speculative step of a batch (draft -> verify -> accept -> commit ->
 Every forward gets the same explicit `ForwardContext` (pool, KV cache, SSM ops; model.py). A decode
 step moves each row's ring cursor (`pool.advance`); a verify step appends 1 + drafts records per row
 (`SSMOps.begin_verify`) and keeps the accepted prefix (`SSMOps.accept_drafts`: a pointer move, the conv state).
-Each step adds its SSM state traffic to the counters (step_stats.py). A row's sampling or emission
-error fails that row alone; an exception out of a step (the batched forward) is the caller's.
+Each step adds its SSM state traffic to the counters (step_stats.py). When a row's state reaches a grid
+boundary of the prefix cache, a copy of its slot is kept (`Admission.keep_decoded`; the live slot untouched), and
+a row's drafts stop at the next boundary so that a verify step lands on it rather than past it. A row's
+sampling or emission error fails that row alone; an exception out of a step (the batched forward) is the
+caller's.
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ from .request import Request
 
 
 def propose_drafts(rows: list[Request], num_draft_tokens: int, disable_by_batch_size: int,
-                   max_model_len: int) -> list[list[int]]:
+                   max_model_len: int, room: list[int] | None = None) -> list[list[int]]:
     """Prompt-lookup drafts of each row: none in a batch of `disable_by_batch_size` rows or more (a verify
-    then costs more than its drafts buy), none past the context length or the row's max_tokens."""
+    then costs more than its drafts buy), none past the context length or the row's max_tokens, nor past
+    room[i] (the tokens row i may consume before the prefix cache's next grid boundary, if given)."""
     if not num_draft_tokens or (disable_by_batch_size and len(rows) >= disable_by_batch_size):
         return [[] for _ in rows]
     k = min(num_draft_tokens, max_model_len - max(len(r.tokens) for r in rows))
-    return [drafter.propose(r.tokens, min(k, r.params.max_tokens - len(r.output) - 1)) if k > 0 else []
-            for r in rows]
+    room = room or [k] * len(rows)
+    return [drafter.propose(r.tokens, min(k, r.params.max_tokens - len(r.output) - 1, room_i)) if k > 0 else []
+            for r, room_i in zip(rows, room)]
 
 
 def accept(row: Request, drafts: list[int], logits: torch.Tensor, argmax: list[int], eos_ids) -> list[int]:
@@ -50,6 +55,7 @@ class StepRunner:
         self.model, self.ctx, self.admission, self.output = model, ctx, admission, output
         self.step_stats, self.counters = step_stats, step_stats.counters
         self.pool = ctx.pool
+        self.cache = admission.cache
         self.conventional = self.pool.cfg.mode == "conventional"
         self.sizes = StateSizes.of(self.pool)
         self.max_model_len = args.max_model_len
@@ -85,6 +91,9 @@ class StepRunner:
         self.pool.advance(slots.long())
         account_decode(self.sizes, self.counters, self.conventional, self.pool.cfg.window, cursors)
         greedy = logits.argmax(-1).tolist()
+        for r in rows:                              # each slot now holds the state after r.tokens
+            if self.cache.on_grid(len(r.prompt) + len(r.output)):
+                self.admission.keep_decoded(r, r.tokens)
         for i, r in enumerate(rows):
             try:
                 tok = greedy[i] if r.plain_greedy else self.output.sample(r, logits[i])
@@ -99,7 +108,9 @@ class StepRunner:
         """One speculative step of a batch: draft -> verify -> accept -> commit -> emit. A batch without any
         draft takes a plain decode step instead."""
         # draft: prompt lookup over each row's tokens
-        drafts = propose_drafts(rows, self.num_draft_tokens, self.disable_by_batch_size, self.max_model_len)
+        room = [self.cache.next_boundary(len(r.tokens) - 1) - len(r.tokens) for r in rows] \
+            if self.cache.enabled else None
+        drafts = propose_drafts(rows, self.num_draft_tokens, self.disable_by_batch_size, self.max_model_len, room)
         if not any(drafts):
             return self.decode_step(rows, events)
         # verify: one forward over [last token, drafts..., padding]; each position's record goes into the ring
@@ -131,6 +142,10 @@ class StepRunner:
         self.ctx.ops.accept_drafts(slot_list, accepted)
         mode = "replay" if not (self.conventional or self.ctx.ops.snapshot_verify) else "snapshot"
         account_verify(self.sizes, self.counters, mode, self.pool.cfg.window, cursors, accepted, T)
+        for r, toks, a in zip(rows, emitted, accepted):   # each slot holds the state after a more tokens
+            n = len(r.tokens) - 1 + a
+            if r.finish_reason != "error" and self.cache.on_grid(n):
+                self.admission.keep_decoded(r, (r.tokens + toks)[:n])
         # emit: the accepted tokens of each row that did not fail
         for i, (r, toks) in enumerate(zip(rows, emitted)):
             if r.finish_reason == "error":

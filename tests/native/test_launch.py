@@ -31,6 +31,7 @@ def test_defaults_and_flags():
     a = parse(["--speculative-num-draft-tokens", "4", "--speculative-disable-by-batch-size", "16"])
     assert a.speculative_disable_by_batch_size == 16
     assert parse(["--no-replayssm-decode"]).replayssm.replay_config().mode == "conventional"
+    assert a.prefix_cache_interval == 64 and parse(["--prefix-cache-interval", "16"]).prefix_cache_interval == 16
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -45,6 +46,7 @@ def test_defaults_and_flags():
     (["--speculative-num-draft-tokens", "-1"], "--speculative-num-draft-tokens"),
     (["--speculative-disable-by-batch-size", "-1"], "--speculative-disable-by-batch-size"),
     (["--speculative-disable-by-batch-size", "8"], "--speculative-disable-by-batch-size"),   # without drafts
+    (["--prefix-cache-interval", "0"], "--prefix-cache-interval"),
     (["--device", "tpu"], "--device"),
     (["--device", "cuda"], "--device"),
     (["--model-path", "/nonexistent/model"], "--model-path"),

@@ -31,7 +31,8 @@ SERVED = "keyed-model"
 
 @pytest.fixture(scope="module")
 def server():
-    s = LiveServer("--api-key", KEY, "--served-model-name", SERVED)
+    # a grid coarser than the prompt: its one cached state is the prompt without its last token
+    s = LiveServer("--api-key", KEY, "--served-model-name", SERVED, "--prefix-cache-interval", "128")
     yield s
     s.stop()
 
