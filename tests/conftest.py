@@ -11,35 +11,49 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 BENCH_TEST_DIRS = ("bench", "fidelity")
 
 
-# The two workers of `pytest -n 2 --dist loadgroup` (the README's test command; pytest-xdist) take whole
-# groups: the server tests (a Ray cluster, then one real SGLang server after another: about half the suite)
-# are one group, run first and alone on one worker, in their usual order; every other file is a group of
-# its own (its module fixtures start once), but for the files that share one of tests/native's package
-# servers (conftest.py there), which go together. Without -n the groups change nothing.
+# The two workers of `pytest -n 2` (the README's test command; pytest-xdist) take whole groups of tests
+# (GroupScheduling below): the server tests (a Ray cluster, then one real SGLang server after another: about
+# half the suite) are one group, run first and alone on one worker, in their usual order; every other file
+# is a group of its own (its module fixtures start once), but for the files that share one of tests/native's
+# package servers (conftest.py there), which go together. Without -n nothing changes.
 SERVER_TEST_DIRS = ("scheduler", "sglang_server")
 SHARED_FIXTURE_FILES = {"native/test_server.py": "native-openai-server",
                         "native/test_openai_params.py": "native-openai-server",
                         "native/test_request_limits.py": "native-shared-server",
                         "native/test_soak.py": "native-shared-server"}
+HERE = pathlib.Path(__file__).resolve().parent
 
 
-def _group(rel) -> str:
+def _group(rel: pathlib.PurePath) -> str:
+    """The group of a test file, by its path under tests/."""
     if rel.parts[0] in SERVER_TEST_DIRS:
         return "servers"
     return SHARED_FIXTURE_FILES.get(rel.as_posix(), rel.as_posix())
 
 
-@pytest.hookimpl(tryfirst=True)
+def _rel(item) -> pathlib.Path:
+    return pathlib.Path(item.path).resolve().relative_to(HERE)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling (whole scopes to one worker, in collection order) with our groups as the
+    scopes. (Its `xdist_group` marks do not group under pytest 9: they rename node ids, which pytest 9 no
+    longer takes.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = pathlib.PurePosixPath(nodeid.split("::", 1)[0])
+            return _group(path.relative_to(path.parts[0]))   # nodeids start at the rootdir: tests/...
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """The tests of bench/ and tools/ (tests/bench, tests/fidelity) carry the `bench` marker
-    (pyproject.toml): `-m "not bench"` leaves them out; CI runs everything. Every test gets its
-    `xdist_group` (above), and the server group goes first."""
-    here = pathlib.Path(__file__).resolve().parent
-    rels = {}
+    (pyproject.toml): `-m "not bench"` leaves them out; CI runs everything. The server group goes first
+    (a stable sort: every other test keeps its place)."""
     for item in items:
-        rel = pathlib.Path(item.path).resolve().relative_to(here)
-        rels[item.nodeid] = rel
-        if rel.parts[0] in BENCH_TEST_DIRS:
+        if _rel(item).parts[0] in BENCH_TEST_DIRS:
             item.add_marker(pytest.mark.bench)
-        item.add_marker(pytest.mark.xdist_group(_group(rel)))
-    items.sort(key=lambda item: rels[item.nodeid].parts[0] not in SERVER_TEST_DIRS)   # stable
+    items.sort(key=lambda item: _rel(item).parts[0] not in SERVER_TEST_DIRS)
