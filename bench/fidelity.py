@@ -11,7 +11,8 @@ next-token distribution from fp32-state decoding, and the relative error of the 
   fp8/nvfp4 + fp16-SR  separate precisions: fp16 checkpoint with stochastic rounding, read copy
 
 How: all configurations x text streams are rows of one batch; the model runs layer by layer over the
-whole sequence (attention / MLP / conv are exact per row). SSM layers run `windowed_ssm`: the ReplaySSM
+whole sequence (`tools.tiny_lm.sequence_forward`: the engine's per-layer maths of native/blocks.py;
+attention / MLP / conv are exact per row). SSM layers run `windowed_ssm`: the ReplaySSM
 decode semantics of the pool (reference/replay.py) in window form — inside a window the 15 non-flush
 tokens read the read copy, the flush token reads the recurrence checkpoint, records (d, k, g) are
 combined with the two-matmul output form, and the flush folds the window into the checkpoint and
@@ -32,12 +33,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sglang_replayssm.native.loader import load_model  # noqa: E402
+from sglang_replayssm.reference.core import expand_heads  # noqa: E402
 from sglang_replayssm.reference.quant import fake_quant, round_fp16_sr, state_element_index  # noqa: E402
 from tools import corpus, tiny_lm  # noqa: E402
 
@@ -122,7 +123,7 @@ def windowed_ssm(q, k, v, g, beta, rows: list[tuple], layer: int, window: int = 
     for w0 in range(0, nW, block):
         nb = min(block, nW - w0)
         sl = slice(w0 * L, (w0 + nb) * L)
-        per = lambda t, d: tiny_lm.expand(t[:, sl].float(), H).reshape(R, nb, L, H, d).permute(0, 3, 1, 2, 4)  # noqa: E731
+        per = lambda t, d: expand_heads(t[:, sl].float(), H).reshape(R, nb, L, H, d).permute(0, 3, 1, 2, 4)  # noqa: E731
         qb, kb, vb = per(q, Dk), per(k, Dk), per(v, Dv)                        # [R, H, nb, L, *]
         G = g[:, sl].float().reshape(R, nb, L, H).permute(0, 3, 1, 2).cumsum(-1)
         Lm = torch.exp((G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal, float("-inf")))
@@ -164,35 +165,22 @@ def teacher_forced(cfg, w, tokens: torch.Tensor, configs: dict, isolated: bool =
     names = list(configs)
     C, (Sn, T) = len(names), tokens.shape
     rows = [configs[n] for n in names for _ in range(Sn)]
-    h = F.embedding(tokens.repeat(C, 1), w["embed"])                    # [C*S, T, hid]
     stats = []
-    ssm_layer = 0
-    for i, kind in enumerate(cfg.blocks):
-        x = tiny_lm.rms_norm(h, w[f"b{i}.norm"], cfg.norm_eps)
-        if kind == "mlp":
-            x = tiny_lm.mlp(cfg, w, i, x)
-        elif kind == "attention":
-            x = tiny_lm.attention(cfg, w, i, x)
-        else:
-            prep, finish = (tiny_lm.mamba2_core_inputs, tiny_lm.mamba2_finish) if cfg.family == "mamba2" else \
-                (tiny_lm.gdn_core_inputs, tiny_lm.gdn_finish)
-            core, xs, z = prep(cfg, w, i, x)
-            o = windowed_ssm(*core, rows, ssm_layer, window)
-            ref = o[:Sn].repeat(C, 1, 1, 1)
-            st = {"block": i, "sq_err": (o - ref).pow(2).sum((-1, -2)).view(C, Sn, T),
-                  "sq_ref": ref[:Sn].pow(2).sum((-1, -2)).view(Sn, T)}
-            if isolated:
-                base_core = tuple(None if t is None else t[:Sn].repeat(C, *([1] * (t.dim() - 1))) for t in core)
-                oi = windowed_ssm(*base_core, rows, ssm_layer, window)
-                st["sq_err_isolated"] = (oi - ref).pow(2).sum((-1, -2)).view(C, Sn, T)
-                del oi, base_core
-            stats.append(st)
-            x = finish(cfg, w, i, o, xs, z, x.dtype)
-            del core, o, ref
-            ssm_layer += 1
-        h = h + x
-    h = tiny_lm.rms_norm(h, w["final_norm"], cfg.norm_eps)
-    logits = F.linear(h, w["embed"] if cfg.tie_word_embeddings else w["lm_head"]).float()
+
+    def run_core(i, *core):   # SSM block i: every configuration's window-form decode, and its error stats
+        layer = len(stats)
+        o = windowed_ssm(*core, rows, layer, window)
+        ref = o[:Sn].repeat(C, 1, 1, 1)
+        st = {"block": i, "sq_err": (o - ref).pow(2).sum((-1, -2)).view(C, Sn, T),
+              "sq_ref": ref[:Sn].pow(2).sum((-1, -2)).view(Sn, T)}
+        if isolated:
+            base_core = tuple(None if t is None else t[:Sn].repeat(C, *([1] * (t.dim() - 1))) for t in core)
+            oi = windowed_ssm(*base_core, rows, layer, window)
+            st["sq_err_isolated"] = (oi - ref).pow(2).sum((-1, -2)).view(C, Sn, T)
+        stats.append(st)
+        return o
+
+    logits = tiny_lm.sequence_forward(cfg, w, tokens.repeat(C, 1), run_core)      # [C*S, T, V]
     return logits.view(C, Sn, T, -1), stats
 
 

@@ -6,14 +6,16 @@
   (`sglang_replayssm.native.model.param_shapes`).
 * `save_hf(folder, family, weights)`: canonical weights -> config.json + model.safetensors with the HF
   parameter names (the inverse of the loader's mapping).
-* `TinyLM`: a batched, differentiable training forward over a whole sequence. Its SSM layers use the
-  chunk form of the linear recurrence (`chunked_ssm`): inside a chunk, outputs are two matmuls against
-  the chunk-start state plus a causally masked, decay-weighted `Q K^T` term (the same algebra as
-  `reference.core.verify_matrix_form`); for the delta rule the chunk's `d` vectors come from one unit
-  lower-triangular solve. Only the chunk-to-chunk state carry is sequential.
-
-Everything else (norms, gated MLP, attention with GQA / output gate / partial RoPE, causal depthwise
-conv) computes what `native/model.py` computes for the same weights; tests/fidelity checks the logits.
+* `TinyLM`: a batched, differentiable training forward over a whole sequence (`sequence_forward`). The
+  per-layer maths is the native engine's (`sglang_replayssm.native.blocks`: norms, merged projections,
+  gating, MLP, attention projections, RoPE, LM head), the raw SSM inputs become core form through
+  `sglang_replayssm.reference` (`mamba2._prep`, `gdn.prep`). What is this module's own is how the
+  sequence runs: a zero-state causal conv over the whole sequence, causal SDPA over the whole sequence,
+  and the SSM layers in the chunk form of the linear recurrence (`chunked_ssm`): inside a chunk, outputs
+  are two matmuls against the chunk-start state plus a causally masked, decay-weighted `Q K^T` term (the
+  same algebra as `reference.core.verify_matrix_form`); for the delta rule the chunk's `d` vectors come
+  from one unit lower-triangular solve. Only the chunk-to-chunk state carry is sequential.
+  tests/fidelity checks the logits against the engine's token-by-token decode.
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from sglang_replayssm.native import blocks
 from sglang_replayssm.native.config import HybridConfig
 from sglang_replayssm.native.model import param_shapes
+from sglang_replayssm.reference import gdn as ref_gdn
+from sglang_replayssm.reference import mamba2 as ref_mamba2
+from sglang_replayssm.reference.core import expand_heads
+from sglang_replayssm.reference.gdn import l2norm  # noqa: F401   (tests normalise keys with it)
 
 VOCAB = 272            # bytes 0..255, BOS 256, EOS 257, padding up to a multiple of 16
 BOS, EOS = 256, 257
@@ -179,133 +186,70 @@ def save_hf(folder, hf: dict, weights: dict, metadata: dict | None = None) -> Pa
     return folder
 
 
-# ----------------------------------------------------------------------------- shared small functions
-def rms_norm(x, w, eps):
-    xf = x.float()
-    return (w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
-
-
-def l2norm(x, eps=1e-6):
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
-def rope(x, positions, rotary_dim: int, theta: float):
-    """Rotate-half rotary embedding on the first rotary_dim channels; x [B, T, H, D], positions [T]."""
-    if rotary_dim == 0:
-        return x
-    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=x.device, dtype=torch.float32) / rotary_dim))
-    freqs = positions.float()[:, None] * inv
-    emb = torch.cat((freqs, freqs), dim=-1)[None, :, None, :]
-    cos, sin = emb.cos(), emb.sin()
-    xr, xp = x[..., :rotary_dim].float(), x[..., rotary_dim:]
-    x1, x2 = xr.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return torch.cat(((xr * cos + rotated * sin).to(x.dtype), xp), dim=-1)
-
-
+# ----------------------------------------------------------------------------- whole-sequence forward
 def causal_conv_silu(x, w, b, K: int):
-    """Depthwise causal conv (zero initial state) + SiLU over x [B, T, C]; w [C, K]."""
+    """Depthwise causal conv (zero initial state) + SiLU over a whole sequence x [B, T, C]; w [C, K]. The
+    engine's conv (`HybridModel._conv`) continues from the pool's conv state instead."""
     y = F.conv1d(x.float().transpose(1, 2), w.float().unsqueeze(1), None if b is None else b.float(),
                  padding=K - 1, groups=x.shape[-1])[..., : x.shape[1]]
     return F.silu(y).transpose(1, 2).to(x.dtype)
 
 
-def expand(x, H: int):
-    """[B, T, Hk, D] -> [B, T, H, D]: value head h uses group h // (H // Hk)."""
-    return x.repeat_interleave(H // x.shape[2], dim=2)
-
-
-def mamba2_core_inputs(cfg, w, i, x):
-    """Mamba-2 mixer up to the SSM: returns (core inputs (q, k, v, g, None), xs [B,T,H,P], z [B,T,I])."""
-    p = f"b{i}."
-    B, T, _ = x.shape
-    H, P, N, G, I = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads, cfg.ssm_inner
-    proj = F.linear(x, w[p + "in_proj"], w.get(p + "in_proj_bias"))
-    z, xbc, dt = proj.split([I, cfg.conv_dim, H], dim=-1)
-    xbc = causal_conv_silu(xbc, w[p + "conv_w"], w.get(p + "conv_b"), cfg.conv_kernel)
-    xs, Bm, Cm = xbc.float().split([I, G * N, G * N], dim=-1)
-    xs = xs.reshape(B, T, H, P)
-    dts = F.softplus(dt.float() + w[p + "dt_bias"].float())
-    A = -torch.exp(w[p + "A_log"].float())
-    # q, k stay per group ([B, T, G, N]); the recurrence expands them to value heads
-    return (Cm.reshape(B, T, G, N), Bm.reshape(B, T, G, N), dts.unsqueeze(-1) * xs, dts * A, None), xs, z.contiguous()
-
-
-def mamba2_finish(cfg, w, i, o, xs, z, dtype):
-    p = f"b{i}."
-    B, T = o.shape[:2]
-    I, G = cfg.ssm_inner, cfg.ssm_k_heads
-    y = o + w[p + "D"].float()[:, None] * xs
-    y = y.reshape(B, T, I) * F.silu(z.float())
-    y = y.view(B, T, G, I // G)
-    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
-    y = (w[p + "gnorm"] * y.reshape(B, T, I)).to(dtype)
-    return F.linear(y, w[p + "out_proj"], w.get(p + "out_proj_bias"))
-
-
-def gdn_core_inputs(cfg, w, i, x):
-    """GDN mixer up to the recurrence: returns (core inputs (q, k per k-head, v, g, beta), None, z)."""
-    p = f"b{i}."
-    B, T, _ = x.shape
-    H, Dv, Dk, Hk = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads
-    qkv = causal_conv_silu(F.linear(x, w[p + "in_qkv"]), w[p + "conv_w"], None, cfg.conv_kernel).float()
-    q, k, v = qkv.split([Hk * Dk, Hk * Dk, H * Dv], dim=-1)
-    q = l2norm(q.reshape(B, T, Hk, Dk)) * Dk ** -0.5
-    k = l2norm(k.reshape(B, T, Hk, Dk))
-    a = F.linear(x, w[p + "in_a"]).float()
-    b = F.linear(x, w[p + "in_b"]).float()
-    g = -torch.exp(w[p + "A_log"].float()) * F.softplus(a + w[p + "dt_bias"].float())
-    z = F.linear(x, w[p + "in_z"])
-    return (q, k, v.reshape(B, T, H, Dv), g, torch.sigmoid(b)), None, z
-
-
-def gdn_finish(cfg, w, i, o, xs, z, dtype):
-    p = f"b{i}."
-    B, T, H, Dv = o.shape
-    o = rms_norm(o.float(), w[p + "gnorm"], cfg.norm_eps) * F.silu(z.float().view(B, T, H, Dv))
-    return F.linear(o.reshape(B, T, H * Dv).to(dtype), w[p + "out_proj"])
-
-
-def mlp(cfg, w, i, x):
-    p = f"b{i}."
-    up = F.linear(x, w[p + "up"], w.get(p + "up_bias"))
-    if cfg.mlp_gated:
-        gate = F.linear(x, w[p + "gate"])
-        act = F.silu(gate) if cfg.mlp_act == "silu" else torch.relu(gate).square()
-        up = act * up
-    else:
-        up = F.silu(up) if cfg.mlp_act == "silu" else torch.relu(up).square()
-    return F.linear(up, w[p + "down"], w.get(p + "down_bias"))
-
-
-def attention(cfg, w, i, x):
-    """Full causal self-attention over x [B, T, hid] (positions 0..T-1)."""
-    p = f"b{i}."
-    B, T, _ = x.shape
+def causal_attention(cfg, w, p, x, cos, sin):
+    """Full causal self-attention of block prefix p over x [B, T, hid] (positions 0..T-1); the projections,
+    q/k norm, RoPE, output gate and projection are the engine's (`native.blocks`)."""
     H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q = F.linear(x, w[p + "q"], w.get(p + "q_bias"))
-    gate = None
-    if cfg.attn_output_gate:
-        q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)
-        gate = gate.reshape(B, T, H * D)
-    q = q.reshape(B, T, H, D)
-    k = F.linear(x, w[p + "k"], w.get(p + "k_bias")).view(B, T, Hkv, D)
-    v = F.linear(x, w[p + "v"], w.get(p + "v_bias")).view(B, T, Hkv, D)
-    if cfg.qk_norm:
-        q = rms_norm(q, w[p + "q_norm"], cfg.norm_eps)
-        k = rms_norm(k, w[p + "k_norm"], cfg.norm_eps)
-    pos = torch.arange(T, device=x.device)
-    q = rope(q, pos, cfg.rotary_dim, cfg.rope_theta)
-    k = rope(k, pos, cfg.rotary_dim, cfg.rope_theta)
+    q, gate, k, v = blocks.attention_qkv(cfg, w, p, x)
+    q, k = blocks.qk_norm_rope(cfg, w, p, q, k, cos, sin)
     if H != Hkv:
         k = k.repeat_interleave(H // Hkv, dim=2)
         v = v.repeat_interleave(H // Hkv, dim=2)
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        is_causal=True, scale=D ** -0.5)
-    o = o.transpose(1, 2).reshape(B, T, H * D)
-    if gate is not None:
-        o = o * torch.sigmoid(gate)
-    return F.linear(o, w[p + "o"], w.get(p + "o_bias"))
+    return blocks.attention_out(cfg, w, p, o.transpose(1, 2), gate)
+
+
+def ssm_block(cfg, w, p, x, run_core):
+    """An SSM mixer of block prefix p over a whole sequence x [B, T, hid]: the engine's projections and
+    gated norm (`native.blocks`), a zero-state conv, the raw inputs turned into core form by the reference
+    (`reference.mamba2` / `reference.gdn`), and `run_core(q, k, v, g, beta) -> o [B, T, H, Dv]` for the
+    recurrence itself (`chunked_ssm` in training, `bench.fidelity.windowed_ssm` in the fidelity bench)."""
+    K = cfg.conv_kernel
+    if cfg.family == "mamba2":
+        z, xbc, dt = blocks.mamba2_in(cfg, w, p, x)
+        xs, Bm, Cm = causal_conv_silu(xbc, w[p + "conv_w"], w.get(p + "conv_b"), K).split(
+            blocks.mamba2_conv_split(cfg), dim=-1)
+        xs, dt, A, Bm, Cm, D, dt_bias = blocks.mamba2_ssm_inputs(cfg, w, p, xs, dt, Bm, Cm,
+                                                                 -torch.exp(w[p + "A_log"].float()))
+        o = run_core(*ref_mamba2._prep(xs, dt, A, Bm, Cm, dt_bias), None)
+        return blocks.mamba2_out(cfg, w, p, ref_mamba2._finish(o, xs, D, None), z, x.dtype)
+    qkv, z, a, b = blocks.gdn_in(cfg, w, p, x)
+    q, k, v = causal_conv_silu(qkv, w[p + "conv_w"], w.get(p + "conv_b"), K).split(blocks.gdn_conv_split(cfg), dim=-1)
+    o = run_core(*ref_gdn.prep(*blocks.gdn_ssm_inputs(cfg, w, p, q, k, v, a, b)))
+    return blocks.gdn_out(cfg, w, p, o, z, x.dtype)
+
+
+def sequence_forward(cfg, weights: dict, tokens: torch.Tensor, run_core) -> torch.Tensor:
+    """Logits [B, T, V] (fp32) of tokens [B, T] from an empty state, every block over the whole sequence:
+    the engine's per-layer maths (`native.blocks`, on merged projections of `weights`, gradients kept),
+    with `run_core(i, q, k, v, g, beta) -> o` running block i's SSM recurrence in core form."""
+    w = blocks.merge_projections(cfg, dict(weights))
+    h = F.embedding(tokens, w["embed"])
+    cos = sin = None
+    if cfg.num_attn_layers:
+        cos, sin = blocks.rope_tables(tokens.shape[1], cfg.rotary_dim, cfg.rope_theta, tokens.device)
+        cos, sin = cos[None], sin[None]
+    for i, kind in enumerate(cfg.blocks):
+        p = f"b{i}."
+        x = blocks.rms_norm(h, w[p + "norm"], cfg.norm_eps)
+        if kind == "mlp":
+            x = blocks.mlp(cfg, w, p, x)
+        elif kind == "attention":
+            x = causal_attention(cfg, w, p, x, cos, sin)
+        else:
+            x = ssm_block(cfg, w, p, x, lambda *core, i=i: run_core(i, *core))
+        h = h + x
+    return blocks.lm_logits(cfg, w, blocks.rms_norm(h, w["final_norm"], cfg.norm_eps))
 
 
 # ----------------------------------------------------------------------------- chunked recurrence
@@ -317,7 +261,7 @@ def chunked_ssm(q, k, v, g, beta=None, chunk: int = 64, state=None):
     (``d_t = beta_t (v_t - exp(g_t) S_{t-1} k_t)``) or None (``d_t = v_t``). ``state [B, H, Dv, Dk]``
     or None (zeros). Returns ``(o [B, T, H, Dv], final state)`` in fp32."""
     with torch.autocast(q.device.type, enabled=False):   # the recurrence stays fp32 under bf16 autocast
-        return _chunked_ssm(expand(q, v.shape[2]), expand(k, v.shape[2]), v, g, beta, chunk, state)
+        return _chunked_ssm(expand_heads(q, v.shape[2]), expand_heads(k, v.shape[2]), v, g, beta, chunk, state)
 
 
 def _chunked_ssm(q, k, v, g, beta, chunk, state):
@@ -378,20 +322,5 @@ class TinyLM(torch.nn.Module):
         return sum(p.numel() for p in self.params.values())
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        cfg, w = self.cfg, self.weights()
-        h = F.embedding(tokens, w["embed"])
-        for i, kind in enumerate(cfg.blocks):
-            x = rms_norm(h, w[f"b{i}.norm"], cfg.norm_eps)
-            if kind == "mlp":
-                x = mlp(cfg, w, i, x)
-            elif kind == "attention":
-                x = attention(cfg, w, i, x)
-            else:
-                prep, finish = (mamba2_core_inputs, mamba2_finish) if cfg.family == "mamba2" else \
-                    (gdn_core_inputs, gdn_finish)
-                core, xs, z = prep(cfg, w, i, x)
-                o, _ = chunked_ssm(*core, chunk=self.chunk)
-                x = finish(cfg, w, i, o, xs, z, x.dtype)
-            h = h + x
-        h = rms_norm(h, w["final_norm"], cfg.norm_eps)
-        return F.linear(h, w["embed"] if cfg.tie_word_embeddings else w["lm_head"]).float()
+        return sequence_forward(self.cfg, self.weights(), tokens,
+                                lambda i, *core: chunked_ssm(*core, chunk=self.chunk)[0])

@@ -78,7 +78,7 @@ def _add_rms_norm_kernel(h_ptr, x_ptr, w_ptr, h_out_ptr, y_ptr, N, eps, s_h, s_x
 
 def add_rms_norm(h: torch.Tensor, x: torch.Tensor | None, w: torch.Tensor, eps: float):
     """(h + x, rms_norm(h + x) * w), both in h's dtype; x None: (h, rms_norm(h) * w).
-    h, x: [..., N] (same shape), w: [N]. Same math as model.rms_norm after `h = h + x`."""
+    h, x: [..., N] (same shape), w: [N]. Same math as blocks.rms_norm after `h = h + x`."""
     _need(h.dim() >= 1 and w.dim() == 1 and w.shape[0] == h.shape[-1],
           f"add_rms_norm: weight shape {tuple(w.shape)} does not match h {tuple(h.shape)}")
     _need(x is None or x.shape == h.shape, f"add_rms_norm: x {None if x is None else tuple(x.shape)} "
@@ -203,7 +203,7 @@ def norm_rope(x: torch.Tensor, pos: torch.Tensor, eps: float = 1e-6, w: torch.Te
               cache: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> torch.Tensor:
     """Per-head RMSNorm (w [D], optional) then rotate-half RoPE on the first rotary_dim channels
     (tables cos/sin [P, rotary_dim] fp32, row = position) of x [B, T, H, D] (a strided view, last stride 1),
-    token t of row b at position pos[b] + t. Same roundings as model.rms_norm then model.rope.
+    token t of row b at position pos[b] + t. Same roundings as blocks.rms_norm then blocks.rope.
     cache None: returns a new contiguous [B, T, H, D]. cache [S, L, H, D] (one layer of KVCache) and
     slots [B]: writes the result at cache[slots[b], pos[b] + t] (replaces KVCache.write) and returns cache."""
     _need(x.dim() == 4, f"norm_rope: x must be [B, T, H, D], got {tuple(x.shape)}")

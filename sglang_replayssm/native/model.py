@@ -1,7 +1,9 @@
 """The hybrid decoder of the native engine: embeddings, pre-norm residual blocks, LM head.
 
 Weights are a flat dict with canonical names (see `param_shapes`); `loader.py` maps HF checkpoints
-onto them and `random_weights` makes seeded ones (embedded default model, benchmarks).
+onto them and `random_weights` makes seeded ones (embedded default model, benchmarks). The per-layer
+maths (norms, projections, gating, MLP, RoPE, LM head) is `blocks.py`'s; this module runs it over the
+pool and the KV cache.
 
 One forward serves three modes, always over a batch `[B, T]` of token ids:
   "prefill"  T prompt tokens per row continue from the state in the pool (chunked prefill): SSM layers
@@ -26,6 +28,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from .blocks import (attention_out, attention_qkv, gdn_conv_split, gdn_in, gdn_out, gdn_ssm_inputs, lm_logits,
+                     mamba2_conv_split, mamba2_in, mamba2_out, mamba2_ssm_inputs, merge_projections, mlp, qk_norm_rope,
+                     rms_norm, rope_tables)
 from .config import HybridConfig
 
 if TYPE_CHECKING:
@@ -163,64 +168,16 @@ class ForwardContext:
     ops: SSMOps
 
 
-# --------------------------------------------------------------------------- small functions
-def rms_norm(x, w, eps):
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (w * xf).to(x.dtype)
-
-
-def linear(x, w, b=None):
-    return F.linear(x, w, b)
-
-
-_MM_OUT_DTYPE = [None]   # whether torch.mm takes out_dtype here (CUDA, torch >= 2.8): probed on first use
-
-
-def logits_fp32(h, w):
-    """h @ w^T in fp32. On CUDA with bf16/fp16 the GEMM writes fp32 directly (torch.mm's out_dtype: no rounding
-    of the logits to h's dtype, and no separate conversion pass over [B, vocab], 0.19 ms at B = 256 with a
-    248k vocabulary on an H200); elsewhere, or where torch.mm has no out_dtype, linear(h, w).float()."""
-    if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16) and _MM_OUT_DTYPE[0] is not False:
-        try:
-            out = torch.mm(h.reshape(-1, h.shape[-1]), w.t(), out_dtype=torch.float32)
-            _MM_OUT_DTYPE[0] = True
-            return out.view(*h.shape[:-1], w.shape[0])
-        except (TypeError, RuntimeError, NotImplementedError):
-            if _MM_OUT_DTYPE[0]:   # it worked before: a real error
-                raise
-            _MM_OUT_DTYPE[0] = False
-    return linear(h, w).float()
-
-
-def rope_tables(n: int, rotary_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [n, rotary_dim] (fp32) of positions 0..n-1, rotate-half layout (frequencies repeated)."""
-    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim))
-    freqs = torch.arange(n, device=device, dtype=torch.float32)[:, None] * inv
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def rope(x, cos, sin):
-    """Rotary embedding (rotate-half form) on the first rotary_dim = cos.shape[-1] channels.
-    x: [B, T, H, D]; cos, sin: [B, T, rotary_dim] fp32 (rows of `rope_tables` gathered by position)."""
-    rotary_dim = cos.shape[-1]
-    if rotary_dim == 0:
-        return x
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    xr, xp = x[..., :rotary_dim].float(), x[..., rotary_dim:]
-    x1, x2 = xr.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return torch.cat(((xr * cos + rotated * sin).to(x.dtype), xp), dim=-1)
-
-
 # --------------------------------------------------------------------------- the model
 class HybridModel:
     """The decoder. Projections that read the same input are merged at construction into one GEMM each
     (attention q|k|v, MLP gate|up, GDN in_qkv|in_z|in_a|in_b; outputs split by views); the canonical
-    per-projection names stay the input format (`param_shapes`, loader). `fused` (default: on CUDA)
-    runs the element-wise work of the non-SSM layers through the Triton kernels of fused.py; the
-    PyTorch code here is the CPU path and their oracle."""
+    per-projection names stay the input format (`param_shapes`, loader). The per-layer maths is
+    blocks.py's (shared with the whole-sequence forward of tools/tiny_lm.py); what is the engine's own
+    here is where a block's memory lives: the causal conv on the pool's conv state, the SSM core through
+    `ctx.ops` (the pool), attention over the per-slot KV cache. `fused` (default: on CUDA) runs the
+    element-wise work of the non-SSM layers through the Triton kernels of fused.py; the PyTorch code is
+    the CPU path and their oracle."""
 
     def __init__(self, cfg: HybridConfig, weights: dict, device="cpu", dtype=torch.float32,
                  attn_impl: str | None = None, fused: bool | None = None):
@@ -245,7 +202,7 @@ class HybridModel:
             self.w[name] = t.to(device=self.device, dtype=torch.float32 if fp32 else dtype).contiguous()
         if "lm_head_bias" in weights:
             self.w["lm_head_bias"] = weights["lm_head_bias"].to(self.device, torch.float32)
-        self._merge_projections()
+        merge_projections(cfg, self.w)   # after the fp32/dtype conversion above: no second copy
         self.ssm_index, self.attn_index = {}, {}
         for i, kind in enumerate(cfg.blocks):
             if kind == "ssm":
@@ -254,29 +211,6 @@ class HybridModel:
                 self.attn_index[i] = len(self.attn_index)
         self.A = {i: -torch.exp(self.w[f"b{i}.A_log"]) for i in self.ssm_index}
         self._cos = self._sin = None   # RoPE tables, grown to the longest KV cache seen (rope_tables)
-
-    def _merge_projections(self):
-        """One weight (and bias) per group of projections of the same input, concatenated along the
-        output dimension; the separate tensors are dropped (no second copy of the weights)."""
-        cfg, w = self.cfg, self.w
-
-        def merge(p, new, names, bias_names=None):
-            w[p + new] = torch.cat([w.pop(p + n) for n in names], dim=0)
-            if bias_names is not None:
-                w[p + new + "_bias"] = torch.cat([w.pop(p + b) if isinstance(b, str) else b for b in bias_names])
-
-        for i, kind in enumerate(cfg.blocks):
-            p = f"b{i}."
-            if kind == "attention":
-                merge(p, "qkv", ["q", "k", "v"], ["q_bias", "k_bias", "v_bias"] if cfg.attn_bias else None)
-            elif kind == "mlp" and cfg.mlp_gated:
-                bias = None
-                if cfg.mlp_bias:   # the gate has no bias: zeros in its half
-                    bias = [torch.zeros(cfg.intermediate_size, device=self.device, dtype=w[p + "up_bias"].dtype),
-                            "up_bias"]
-                merge(p, "gate_up", ["gate", "up"], bias)
-            elif kind == "ssm" and cfg.family == "gdn":
-                merge(p, "in_proj", ["in_qkv", "in_z", "in_a", "in_b"])
 
     def _rope(self, n: int):
         if self._cos is None or self._cos.shape[0] < n:
@@ -300,7 +234,7 @@ class HybridModel:
             for i, kind in enumerate(cfg.blocks):
                 h, x = self._add_norm(h, x, w[f"b{i}.norm"])
                 if kind == "mlp":
-                    x = self._mlp(i, x)
+                    x = mlp(cfg, w, f"b{i}.", x, self.fused)
                 elif kind == "attention":
                     x = self._attention(i, x, pos, slots, slots32, ctx, max_len, att)
                 elif cfg.family == "mamba2":
@@ -310,10 +244,7 @@ class HybridModel:
         if mode == "prefill":
             h, x = h[:, -1], x[:, -1]
         _, h = self._add_norm(h, x, w["final_norm"])
-        logits = logits_fp32(h, w["embed"] if cfg.tie_word_embeddings else w["lm_head"])
-        if "lm_head_bias" in w:
-            logits = logits + w["lm_head_bias"]
-        return logits
+        return lm_logits(cfg, w, h)
 
     def _add_norm(self, h, x, weight):
         """The residual add of the previous block's output x (None before the first block) and the next
@@ -345,33 +276,11 @@ class HybridModel:
         return out
 
     # ------------------------------------------------------------------ blocks
-    def _mlp(self, i, x):
-        cfg, w, p = self.cfg, self.w, f"b{i}."
-        if cfg.mlp_gated:
-            gate, up = linear(x, w[p + "gate_up"], w.get(p + "gate_up_bias")).split(cfg.intermediate_size, dim=-1)
-        else:
-            gate, up = linear(x, w[p + "up"], w.get(p + "up_bias")), None
-        if self.fused:
-            from .fused import act_mul
-            act = act_mul(gate, up, cfg.mlp_act)
-        else:
-            act = F.silu(gate) if cfg.mlp_act == "silu" else torch.relu(gate).square()
-            if up is not None:
-                act = act * up
-        return linear(act, w[p + "down"], w.get(p + "down_bias"))
-
     def _attention(self, i, x, pos, slots, slots32, ctx, max_len, att):
         cfg, w, p = self.cfg, self.w, f"b{i}."
         B, T, _ = x.shape
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        nq = H * D * (2 if cfg.attn_output_gate else 1)
-        q, k, v = linear(x, w[p + "qkv"], w.get(p + "qkv_bias")).split([nq, Hkv * D, Hkv * D], dim=-1)
-        gate = None
-        if cfg.attn_output_gate:
-            q, gate = q.view(B, T, H, 2 * D).chunk(2, dim=-1)       # [B, T, H, D] views
-        else:
-            q = q.view(B, T, H, D)
-        k, v = k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+        q, gate, k, v = attention_qkv(cfg, w, p, x)
         layer = self.attn_index[i]
         if self.fused:   # norm + RoPE of q; of k straight into the cache; v copied into the cache
             from .fused import norm_rope
@@ -383,11 +292,7 @@ class HybridModel:
             norm_rope(k, pos, eps, kn, cos, sin, rd, cache=ctx.kv.k[layer], slots=slots32)
             norm_rope(v, pos, cache=ctx.kv.v[layer], slots=slots32)
         else:
-            if cfg.qk_norm:
-                q = rms_norm(q, w[p + "q_norm"], cfg.norm_eps)
-                k = rms_norm(k, w[p + "k_norm"], cfg.norm_eps)
-            if cfg.rotary_dim:
-                q, k = rope(q, att["cos"], att["sin"]), rope(k, att["cos"], att["sin"])
+            q, k = qk_norm_rope(cfg, w, p, q, k, att.get("cos"), att.get("sin"))
             ctx.kv.write(layer, slots, pos, k, v)
         # grouped-query attention without copying K/V per query head: the G = H / Hkv query heads of
         # a KV head become G query rows of that KV head (row t * G + g: token t, head kv * G + g)
@@ -405,13 +310,7 @@ class HybridModel:
             o = F.scaled_dot_product_attention(qg, K_.transpose(1, 2), V_.transpose(1, 2), attn_mask=mask,
                                                scale=D ** -0.5)                                  # [B, Hkv, T*G, D]
         o = o.view(B, Hkv, T, G, D).permute(0, 2, 1, 3, 4).reshape(B, T, H, D)
-        if gate is not None:
-            if self.fused:
-                from .fused import act_mul
-                o = act_mul(gate, o, "sigmoid")
-            else:
-                o = o * torch.sigmoid(gate)
-        return linear(o.reshape(B, T, H * D), w[p + "o"], w.get(p + "o_bias"))
+        return attention_out(cfg, w, p, o, gate, self.fused)
 
     def _conv(self, i, xc, slots, slots32, mode, ctx, splits):
         """Depthwise causal conv + SiLU over [B, T, C], continuing from the pool's conv state; returns the
@@ -437,39 +336,16 @@ class HybridModel:
 
     def _mamba2(self, i, x, slots, slots32, mode, ctx):
         cfg, w, p = self.cfg, self.w, f"b{i}."
-        B, T, _ = x.shape
-        H, P, N, G, I = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads, cfg.ssm_inner
-        proj = linear(x, w[p + "in_proj"], w.get(p + "in_proj_bias"))
-        z, xbc, dt = proj.split([I, cfg.conv_dim, H], dim=-1)
-        xs, Bm, Cm = self._conv(i, xbc, slots, slots32, mode, ctx, [I, G * N, G * N])
-        inputs = (xs.reshape(B, T, H, P), dt, self.A[i], Bm.reshape(B, T, G, N), Cm.reshape(B, T, G, N),
-                  w[p + "D"], w[p + "dt_bias"])
-        y = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, P]
-        # gated RMSNorm over groups of I // G channels, gate applied before the norm (Nemotron-H)
-        if self.fused:
-            from .fused import group_rms_norm
-            y = group_rms_norm(y.reshape(B * T, G, I // G), w[p + "gnorm"], cfg.norm_eps,
-                               z.reshape(B * T, G, I // G), "before", x.dtype).view(B, T, I)
-        else:
-            y = y.reshape(B, T, I).float() * F.silu(z.float())
-            y = y.view(B, T, G, I // G)
-            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
-            y = (w[p + "gnorm"] * y.reshape(B, T, I)).to(x.dtype)
-        return linear(y, w[p + "out_proj"], w.get(p + "out_proj_bias"))
+        z, xbc, dt = mamba2_in(cfg, w, p, x)
+        xs, Bm, Cm = self._conv(i, xbc, slots, slots32, mode, ctx, mamba2_conv_split(cfg))
+        inputs = mamba2_ssm_inputs(cfg, w, p, xs, dt, Bm, Cm, self.A[i])
+        y = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, x.shape[1])   # [B, T, H, P], D skip included
+        return mamba2_out(cfg, w, p, y, z, x.dtype, self.fused)
 
     def _gdn(self, i, x, slots, slots32, mode, ctx):
         cfg, w, p = self.cfg, self.w, f"b{i}."
-        B, T, _ = x.shape
-        H, Dv, Dk, Hk = cfg.ssm_heads, cfg.ssm_head_v_dim, cfg.ssm_head_k_dim, cfg.ssm_k_heads
-        qkv, z, a, b = linear(x, w[p + "in_proj"]).split([cfg.conv_dim, cfg.ssm_inner, H, H], dim=-1)
-        q, k, v = self._conv(i, qkv, slots, slots32, mode, ctx, [Hk * Dk, Hk * Dk, H * Dv])
-        inputs = (q.reshape(B, T, Hk, Dk), k.reshape(B, T, Hk, Dk), v.reshape(B, T, H, Dv),
-                  a, b, w[p + "A_log"], w[p + "dt_bias"])
-        o = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, T)            # [B, T, H, Dv]
-        if self.fused:
-            from .fused import group_rms_norm
-            o = group_rms_norm(o.reshape(B * T, H, Dv), w[p + "gnorm"], cfg.norm_eps, z.reshape(B * T, H, Dv),
-                               "after", x.dtype)
-        else:
-            o = (rms_norm(o.float(), w[p + "gnorm"], cfg.norm_eps) * F.silu(z.float().view(B, T, H, Dv))).to(x.dtype)
-        return linear(o.reshape(B, T, H * Dv), w[p + "out_proj"])
+        qkv, z, a, b = gdn_in(cfg, w, p, x)
+        q, k, v = self._conv(i, qkv, slots, slots32, mode, ctx, gdn_conv_split(cfg))
+        inputs = gdn_ssm_inputs(cfg, w, p, q, k, v, a, b)
+        o = ctx.ops.run(self.ssm_index[i], slots32, mode, inputs, x.shape[1])   # [B, T, H, Dv]
+        return gdn_out(cfg, w, p, o, z, x.dtype, self.fused)

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from sglang_replayssm.native import fused
 from sglang_replayssm.native.config import embedded_config
-from sglang_replayssm.native.model import (ForwardContext, HybridModel, KVCache, random_weights, rms_norm, rope,
-                                          rope_tables)
+from sglang_replayssm.native.blocks import rms_norm, rope, rope_tables
+from sglang_replayssm.native.model import ForwardContext, HybridModel, KVCache, random_weights
 from sglang_replayssm.native.ssm_ops import SSMOps
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry
 
@@ -295,7 +295,7 @@ def test_logits_fp32(dtype):
     """The LM head in fp32: on CPU (and for fp32 inputs) linear(h, w).float() exactly; on CUDA with bf16 the
     GEMM's fp32 output (torch.mm out_dtype, when this torch has it), within bf16 product rounding of the
     fp32 matmul, and no worse than the rounded path."""
-    from sglang_replayssm.native.model import linear, logits_fp32
+    from sglang_replayssm.native.blocks import linear, logits_fp32
     g = gen(5)
     h = torch.randn(3, 2, 64, generator=g).to(dtype)
     w = torch.randn(300, 64, generator=g).to(dtype)
