@@ -9,7 +9,7 @@
 * `TinyLM`: a batched, differentiable training forward over a whole sequence (`sequence_forward`). The
   per-layer maths is the native engine's (`sglang_replayssm.native.blocks`: norms, merged projections,
   gating, MLP, attention projections, RoPE, LM head), the raw SSM inputs become core form through
-  `sglang_replayssm.reference` (`mamba2._prep`, `gdn.prep`). What is this module's own is how the
+  `sglang_replayssm.reference` (`mamba2.prep` / `finish`, `gdn.prep`). What is this module's own is how the
   sequence runs: a zero-state causal conv over the whole sequence, causal SDPA over the whole sequence,
   and the SSM layers in the chunk form of the linear recurrence (`chunked_ssm`): inside a chunk, outputs
   are two matmuls against the chunk-start state plus a causally masked, decay-weighted `Q K^T` term (the
@@ -221,8 +221,8 @@ def ssm_block(cfg, w, p, x, run_core):
             blocks.mamba2_conv_split(cfg), dim=-1)
         xs, dt, A, Bm, Cm, D, dt_bias = blocks.mamba2_ssm_inputs(cfg, w, p, xs, dt, Bm, Cm,
                                                                  -torch.exp(w[p + "A_log"].float()))
-        o = run_core(*ref_mamba2._prep(xs, dt, A, Bm, Cm, dt_bias), None)
-        return blocks.mamba2_out(cfg, w, p, ref_mamba2._finish(o, xs, D, None), z, x.dtype)
+        o = run_core(*ref_mamba2.prep(xs, dt, A, Bm, Cm, dt_bias), None)
+        return blocks.mamba2_out(cfg, w, p, ref_mamba2.finish(o, xs, D, None), z, x.dtype)
     qkv, z, a, b = blocks.gdn_in(cfg, w, p, x)
     q, k, v = causal_conv_silu(qkv, w[p + "conv_w"], w.get(p + "conv_b"), K).split(blocks.gdn_conv_split(cfg), dim=-1)
     o = run_core(*ref_gdn.prep(*blocks.gdn_ssm_inputs(cfg, w, p, q, k, v, a, b)))

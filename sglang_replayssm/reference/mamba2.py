@@ -17,14 +17,15 @@ import torch.nn.functional as F
 from . import core, replay
 
 
-def _prep(x, dt, A, B, C, dt_bias):
+def prep(x, dt, A, B, C, dt_bias):
     """Raw inputs -> core form (q = C, k = B, u = dt * x, g = dt * A), in fp32 (fp64 for fp64 inputs)."""
     cd = core.compute_dtype(x)
     dts = F.softplus(dt.to(cd) + dt_bias.to(cd))
     return C.to(cd), B.to(cd), dts.unsqueeze(-1) * x.to(cd), dts * A.to(cd)
 
 
-def _finish(o, x, D, z):
+def finish(o, x, D, z):
+    """Core output -> the mixer output: the skip term D * x, then the z gate (silu) when the model has one."""
     y = o + D.to(o.dtype).unsqueeze(-1) * x.to(o.dtype)
     if z is not None:
         y = y * F.silu(z.to(o.dtype))
@@ -34,11 +35,11 @@ def _finish(o, x, D, z):
 def conventional_step(state, x, dt, A, B, C, D, dt_bias, z=None):
     """``state [Bt, H, P, N]``; ``x [Bt, H, P]``, ``dt [Bt, H]``, ``A, D, dt_bias [H]``, ``B, C [Bt, G, N]``,
     ``z [Bt, H, P]`` or None. Returns ``(y [Bt, H, P], new_state)``; computes in ``state``'s dtype."""
-    q, k, u, g = _prep(x.to(state.dtype), dt, A, B, C, dt_bias)
+    q, k, u, g = prep(x.to(state.dtype), dt, A, B, C, dt_bias)
     H = x.shape[-2]
     g = g.unsqueeze(-1).expand(*g.shape, state.shape[-1])
     o, S = core.conventional_step(state, core.expand_heads(q, H), core.expand_heads(k, H), u, g, None)
-    return _finish(o, x, D, z), S
+    return finish(o, x, D, z), S
 
 
 def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None):
@@ -52,13 +53,13 @@ fold = replay.fold
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None):
     """ReplaySSM decode of one token per row on ``pool`` (see ``replay.decode_rows``)."""
-    q, k, u, g = _prep(x, dt, A, B, C, dt_bias)
+    q, k, u, g = prep(x, dt, A, B, C, dt_bias)
     o = replay.decode_rows(pool, layer, slots, q, k, u, g, None)
-    return _finish(o, x, D, z)
+    return finish(o, x, D, z)
 
 
 def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None):
     """``T`` drafts per row (inputs ``[Bt, T, ...]``) by output-only evaluation (``replay.verify_rows``)."""
-    q, k, u, g = _prep(x, dt, A, B, C, dt_bias)
+    q, k, u, g = prep(x, dt, A, B, C, dt_bias)
     o = replay.verify_rows(pool, layer, slots, q, k, u, g, None, parents)
-    return _finish(o, x, D, z)
+    return finish(o, x, D, z)
