@@ -154,9 +154,6 @@ class HybridConfig:
             return self.ssm_inner + 2 * self.ssm_k_heads * self.ssm_head_k_dim
         return 2 * self.ssm_k_heads * self.ssm_head_k_dim + self.ssm_inner  # q, k, v
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
     def hf_name(self, field: str) -> str:
         """The config.json key a field comes from (for error messages)."""
         names = HF_NAMES.get(self.arch, {})

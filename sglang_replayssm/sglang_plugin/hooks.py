@@ -14,7 +14,7 @@ from __future__ import annotations
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import cli
-from .engine_hooks import engine_table, register_engine_hooks
+from .engine_hooks import register_engine_hooks
 from .options import active_options
 
 
@@ -24,10 +24,6 @@ def cli_table() -> list[tuple[str, object, HookType]]:
         ("sglang.srt.server_args.ServerArgs.add_cli_args", cli.add_cli_args, HookType.AFTER),
         ("sglang.srt.server_args.ServerArgs.from_cli_args", cli.from_cli_args, HookType.AROUND),
     ]
-
-
-def hook_table() -> list[tuple[str, object, HookType]]:
-    return cli_table() + engine_table()
 
 
 def register_hooks() -> None:
