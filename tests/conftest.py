@@ -7,6 +7,13 @@ import pytest
 # is imported anywhere in the test session.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under `pytest -n 2` each worker computes with one torch thread: two workers of two threads each on the
+# 2-core CI machine (beside the servers the tests start) made torch-heavy fixtures up to 15x slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)
+
 
 BENCH_TEST_DIRS = ("bench", "fidelity")
 

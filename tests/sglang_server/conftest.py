@@ -81,6 +81,9 @@ class SGLangServer:
                    *cpu_server_args(argv)]
             env = harness_env()
         env.pop("SGLANG_REPLAYSSM_OPTIONS", None)
+        # no py-spy / CUDA core dump at a child's exit: the stop below signals the whole group, which SGLang's
+        # launcher takes for a crash and would wait 5 s for those diagnostics (there is no GPU here)
+        env.update(SGLANG_PYSPY_DUMP_BEFORE_CRASH="0", SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0")
         env.update(env_extra)
         self.cmd = cmd
         self.started = time.monotonic()
