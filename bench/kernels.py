@@ -26,6 +26,8 @@ from sglang_replayssm.kernels import gdn as kgdn, mamba2 as km2  # noqa: E402
 from sglang_replayssm.kernels.tuning import KernelTuning, verify_methods as verify_methods_of  # noqa: E402
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
 
+import peers  # noqa: E402  (bench/peers.py: SGLang's spec verify, FlashInfer's checkpointing_ssu)
+
 try:
     from sglang_replayssm.kernels import kda as kkda  # noqa: E402
 except Exception:  # pragma: no cover
@@ -170,6 +172,13 @@ def bytes_replay(geo, B, rc="none", rb=4):
     return B * tot / L
 
 
+def bytes_verify(geo, B, T):
+    """Bytes of a verify step of T drafts + its commit: the state read, its write once per window (the T / L
+    of a window a step commits), and half a window of records on average."""
+    E = geo["H"] * geo["Dv"] * geo["Dk"]
+    return B * (E * 4 * (1 + T / L) + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
+
+
 def bytes_state_only(geo, B, rc="none"):
     """The 'HBM limit' byte count (bench/README.md): state read every step + one state write per window."""
     E = geo["H"] * geo["Dv"] * geo["Dk"]
@@ -304,7 +313,8 @@ def gpu_checks():
             for step in range(L + 2):
                 inp = make_inputs(geo, 6)
                 inp = {k: (v.float() if v.dtype == ACT else v) for k, v in inp.items()}
-                kw = dict(method=method, flush_block_k=geo["Dk"]) if method == "split" else dict(method=method)
+                kw = dict(method=method, tuning=KernelTuning(flush_block_k=geo["Dk"])) if method == "split" else dict(
+                    method=method)
                 o1 = km.decode(pk, 0, slots, **inp, **kw)
                 o2 = rm.decode(pr, 0, slots, **inp)
                 errs.append(((o1[:-1].double() - o2[:-1].double()).norm() / o2[:-1].double().norm()).item())
@@ -419,6 +429,13 @@ def main():
     print(f"copy bandwidth {bw:.0f} GB/s")
     if not args.skip_checks:
         timed(gpu_checks)
+        if peers.FI is not None:
+            for geo in (g for g in GEOMS if g["family"] == "mamba2"):
+                err = timed(peers.flashinfer_check, geo)
+                row = dict(family="mamba2", geo=geo["name"], what="peer: FlashInfer checkpointing_ssu with nothing "
+                           "to replay vs our reference's conventional step", max_rel_err_out=err)
+                print("CHECK", row)
+                RESULTS["checks"].append(row)
     batches = [int(b) for b in args.batches.split(",")]
     geos = GEOMS if args.geos == "all" else [g for g in GEOMS if g["name"] in args.geos.split(",")]
     # None: the library's defaults (what the engines run); the others for context
@@ -495,7 +512,6 @@ def main():
                     record(geo=name, B=B, kernel="sglang_replayssm", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
             if hasattr(module(geo), "verify") and (B == 256 or geo["name"] == "gdn_qwen35_4b"):  # all families
                 base = torch.randperm(B, device=DEV) % L
-                E = geo["H"] * geo["Dv"] * geo["Dk"]
                 for T in range(1, 9):
                     inp_t = make_inputs(geo, B, T=T)
                     variants = [(None, None)]   # the library's defaults
@@ -509,11 +525,13 @@ def main():
                         reset()
                         if not ms:
                             continue
-                        nb = B * (E * 4 * (1 + T / L) + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
+                        nb = bytes_verify(geo, B, T)
                         record(geo=name, B=B, kernel=f"ours_verify_T{T}" + (f"_{method}" if method else ""),
                                ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T, config=None if vcfg is None else list(vcfg),
                                note=f"{ms / T:.4f} ms/draft")
                 pool.cursor = curs[0]
+            if geo["family"] == "mamba2" or B == 256 or geo["name"] == "gdn_qwen35_4b":
+                timed(peers.time_peers, geo, B, L, bench_graph, record, rep, bytes_replay, bytes_verify)
         del state, pool, pool8
         torch.cuda.empty_cache()
         with open(os.path.join(args.out, "kernels.json"), "w") as f:
@@ -522,6 +540,7 @@ def main():
         json.dump(RESULTS, f, indent=1)
     timed(plot, args.out)
     summary()
+    print(peers.peer_table(RESULTS))
 
 
 def _configs(spec):
@@ -646,7 +665,7 @@ def plot(out, results=None, name="kernels.png"):
     if (results or RESULTS).get("meta", {}).get("kind") == "sweep":
         return plot_sweep(out, rows, name, plt)
     kinds = ["hbm_limit_replay_state_only", "sglang_conventional", "ours_conventional", "sglang_replayssm",
-             "ours_replay_fp32", "ours_replay_fp8"]
+             "flashinfer_ssu", "ours_replay_fp32", "flashinfer_ssu_fp8", "ours_replay_fp8"]
     geos = [g["name"] for g in GEOMS if any(r["geo"] == g["name"] for r in rows)]
     batches = sorted({r["B"] for r in rows})
     fig, axes = plt.subplots(1, len(geos), figsize=(5 * len(geos), 4.5), squeeze=False)
