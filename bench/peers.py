@@ -44,7 +44,8 @@ FI = _import("flashinfer.mamba.checkpointing_ssu")
 # ----------------------------------------------------------------------------- SGLang spec verify (GDN)
 def sglang_spec_steps(geo, B, T, L, dev="cuda"):
     """L steps of SGLang's GDN ReplaySSM verify of T chain drafts + its commit (every draft accepted), or
-    None without the peer. Returns (steps, outputs) - outputs: the verify's output tensor."""
+    None without the peer. Returns (steps, tensors): the verify's output ("out"), the batch's slots and the
+    per-slot cursors the commit moves ("write_pos", "cache_base", "is_flush")."""
     if SPEC is None or geo["family"] != "gdn" or 2 * T > SPEC_RING:
         return None
     HV, H, V, K = geo["H"], geo["Hk"], geo["Dv"], geo["Dk"]
@@ -82,7 +83,7 @@ def sglang_spec_steps(geo, B, T, L, dev="cuda"):
             checkpoint_state=ckpt, d_cache=d_hi, k_cache=k_hi, g_cache=g, d_residual_cache=d_lo,
             k_residual_cache=k_lo, state_batch_indices=slots, replay_indices=slots, write_pos=write_pos,
             cache_base=cache_base, is_flush=is_flush, accept_lens=accepted, null_block_id=-1)
-    return [step] * L, out
+    return [step] * L, dict(out=out, slots=slots, write_pos=write_pos, cache_base=cache_base, is_flush=is_flush)
 
 
 # ----------------------------------------------------------------------------- FlashInfer checkpointing_ssu (Mamba-2)
@@ -172,7 +173,8 @@ def time_peers(geo, B, L, bench_graph, record, rep, nbytes_decode, nbytes_verify
     if geo["family"] == "gdn" and SPEC is not None:
         for T in verify_T:
             try:
-                steps, out = sglang_spec_steps(geo, B, T, L)
+                steps, spec = sglang_spec_steps(geo, B, T, L)
+                out = spec["out"]
                 ms = bench_graph(steps, rep)
                 nb = nbytes_verify(geo, B, T)
                 record(geo=name, B=B, kernel=f"sglang_spec_verify_T{T}", ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T,
