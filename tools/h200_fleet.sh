@@ -15,6 +15,9 @@ if [ ! -f /tmp/site/.installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$H"/whl/*.whl 2>&1 | tail -3
   tar xJf "$H/sglang_tree.tar.xz" -C /tmp/site && touch /tmp/site/.installed
 fi
+# a kernel bench's trimmed FlashInfer (bench/README.md, Peers) on the same machine would make SGLang JIT-build
+# FlashInfer ops whose sources it lacks (docs/sglang_on_gpu.md, blocker 16): SGLang runs here without FlashInfer
+rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 if [ ! -f /tmp/wide/nemotron_h/model.safetensors ]; then
