@@ -96,8 +96,8 @@ def _track_inputs(pool, translate, slots, paths, track_t, steps_t, bs: int):
     if track_t is None or steps_t is None:
         return None, ()
     track_t = translate(track_t[:bs])
-    track = [int(x) for x in track_t.tolist()]
-    return track_t, track_plan(pool, slots, paths, track, [int(x) for x in steps_t[:bs].tolist()])
+    track, steps = torch.stack([track_t.to(torch.int64), steps_t[:bs].to(track_t.device, torch.int64)]).tolist()
+    return track_t, track_plan(pool, slots, paths, track, steps)
 
 
 def commit_mamba_states_after_verify(original, target_worker, batch, accept_lens, accept_index, draft_token_num,

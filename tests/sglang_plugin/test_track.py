@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from .conftest import GDN, make_req_pool, replayssm, sglang_context
@@ -106,12 +107,14 @@ def test_prefill_track_empties_the_track_slots_stale_ring():
         torch.testing.assert_close(pool.materialize(1, [3])[0], h[0, 1], rtol=0, atol=0)
 
 
-def test_verify_track_at_accepted_prefix_boundary_tree_and_fold():
-    """extra_buffer with speculative decoding: SGLang's commit entry point, with the boundary step SGLang itself
-    computes from the sequence lengths (``_verify_commit_step_indices``, track grid 64). Row 0 holds 62 tokens and
-    accepts the tree path root -> 2 -> 3: it crosses 64 at node 2, so its track slot gets the state after root -> 2
-    (a copy that folds: 2 committed records + 2 >= window 4) and the conv window of node 2, while the live slot
-    commits the whole path (and folds too). Row 1 crosses nothing: its track slot stays as it was."""
+@pytest.mark.parametrize("entry", ["spec_utils", "backend"])
+def test_verify_track_at_accepted_prefix_boundary_tree_and_fold(entry):
+    """extra_buffer with speculative decoding: SGLang's commit entry point (``spec_utils``), with the boundary step
+    SGLang itself computes from the sequence lengths (``_verify_commit_step_indices``, track grid 64), or the
+    backend method DFlash / DSpark call with the steps given (``backend``). Row 0 holds 62 tokens and accepts the
+    tree path root -> 2 -> 3: it crosses 64 at node 2, so its track slot gets the state after root -> 2 (a copy that
+    folds: 2 committed records + 2 >= window 4) and the conv window of node 2, while the live slot commits the whole
+    path (and folds too). Row 1 crosses nothing: its track slot stays as it was."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative import spec_utils
 
@@ -163,9 +166,18 @@ def test_verify_track_at_accepted_prefix_boundary_tree_and_fold():
         batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, req_pool_indices=torch.arange(2),
                                 mamba_track_indices=torch.tensor(track), seq_lens=torch.tensor([62, 10]),
                                 tree_cache=SimpleNamespace(page_size=1))
-        worker = SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=req_pool))
-        spec_utils.commit_mamba_states_after_verify(worker, batch, torch.tensor([3, 2], dtype=torch.int32),
-                                                    accept_index, T)
+        if entry == "spec_utils":
+            worker = SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=req_pool))
+            spec_utils.commit_mamba_states_after_verify(worker, batch, torch.tensor([3, 2], dtype=torch.int32),
+                                                        accept_index, T)
+        else:
+            from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+
+            hybrid = object.__new__(HybridLinearAttnBackend)   # only its linear backend is read
+            hybrid.linear_attn_backend = be
+            hybrid.update_mamba_state_after_mtp_verify(torch.tensor([3, 1]), torch.tensor(track),
+                                                       torch.tensor([2, -1]), None,
+                                                       req_pool_indices=torch.arange(2, dtype=torch.int32))
 
         tol = dict(rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(pool.materialize(0, [4])[0], node[2][0], **tol)      # the boundary state
