@@ -5,10 +5,11 @@ sglang.launch_server``, our launcher).
   parser, with "not given" defaults so we can tell whether the user asked for ReplaySSM.
 * ``ServerArgs.from_cli_args`` (around): when any flag was given (or ``SGLANG_REPLAYSSM_OPTIONS`` is
   set), builds and validates the options (value checks in ``flags.py``, combination checks against
-  SGLang's arguments in ``options.py``), resolves ``--mamba-radix-cache-strategy auto`` to
-  ``no_buffer`` with speculative decoding (otherwise SGLang resolves it: ``extra_buffer`` with the overlap
-  scheduler or pages > 1 where the model supports it), stores the options in the environment for the processes SGLang spawns, and keeps a
-  copy on the record (``server_args._replayssm_options``, bookkeeping that survives pickling).
+  SGLang's arguments in ``options.py``), stores the options in the environment for the processes SGLang
+  spawns, and keeps a copy on the record (``server_args._replayssm_options``, bookkeeping that survives
+  pickling). ``--mamba-radix-cache-strategy auto`` is left to SGLang, with or without speculative decoding
+  (it picks ``extra_buffer`` with the overlap scheduler or pages > 1 where the model supports it, else
+  ``no_buffer``, never ``extra_buffer_lazy``): both are supported with the ReplaySSM pool.
 """
 
 from __future__ import annotations
@@ -56,9 +57,6 @@ def from_cli_args(original, cls, args):
     opts = options_from_namespace(args)
     if opts is not None:
         check_against_sglang(opts, args)
-        if (opts.decode and getattr(args, "mamba_radix_cache_strategy", None) == "auto"
-                and getattr(args, "speculative_algorithm", None)):
-            args.mamba_radix_cache_strategy = "no_buffer"   # extra_buffer + speculative: not yet (options.py)
     set_active(opts)
     if opts is not None:
         ensure_engine_hooks()  # this process parsed the flags after load_plugins() (e.g. bench_one_batch)

@@ -74,13 +74,9 @@ def check_against_sglang(opts: ReplaySSMOptions, args) -> None:
     if opts.decode and strategy == "extra_buffer_lazy":
         raise FlagError(
             "--mamba-radix-cache-strategy",
-            "'extra_buffer_lazy' is not supported with --replayssm-decode (it needs the overlap scheduler, which "
-            "the plugin's tests cannot run): use 'extra_buffer' or 'no_buffer'")
-    if opts.decode and strategy == "extra_buffer" and _get(args, "speculative_algorithm", None):
-        raise FlagError(
-            "--mamba-radix-cache-strategy",
-            "'extra_buffer' with speculative decoding tracks states at accepted-prefix boundaries inside the "
-            "verify, which the ReplaySSM commit does not do yet: use 'no_buffer' with --speculative-algorithm")
+            "'extra_buffer_lazy' is not supported with --replayssm-decode (its lazily allocated and promoted track "
+            "slots are not wired to the ReplaySSM pool, nor tested with it): use 'extra_buffer' (with or without "
+            "--speculative-algorithm) or 'no_buffer'")
     if _get(args, "enable_int8_mamba_checkpoint", False):
         raise FlagError(
             "--enable-int8-mamba-checkpoint",

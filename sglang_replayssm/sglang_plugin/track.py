@@ -23,6 +23,9 @@ The hooks here keep what the tree stores exact:
   rows' rings already empty (the metadata hook folds them first); the hook then marks the destinations'
   rings empty and refreshes their read copy (``ReplayMambaPool.after_prefill``).
 
+* speculative decoding: SGLang tracks nothing inside the verify forward; the verify commit writes the track
+  slots of rows whose accepted tokens cross a boundary (``spec.py``).
+
 Track slots are full ReplaySSM slots (ring included: "sized for the ring"); SGLang allocates them from
 the same pool, so the budget hook prices them at the ReplaySSM slot price like every other slot.
 """

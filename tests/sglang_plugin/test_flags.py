@@ -47,14 +47,23 @@ def test_no_flag_leaves_replayssm_off_and_sglang_unchanged():
     (["--replayssm-decode", "--enable-linear-replayssm"], "--enable-linear-replayssm"),
     (["--replayssm-verify", "--enable-linear-replayssm-spec"], "--enable-linear-replayssm-spec"),
     (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer_lazy"], "--mamba-radix-cache-strategy"),
-    (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer", "--speculative-algorithm", "NGRAM"],
-     "--mamba-radix-cache-strategy"),
+    (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer_lazy", "--speculative-algorithm",
+      "NGRAM"], "--mamba-radix-cache-strategy"),
     (["--replayssm-decode", "--enable-int8-mamba-checkpoint"], "--enable-int8-mamba-checkpoint"),
 ])
 def test_bad_combinations_raise_flag_error_naming_the_flag(argv, flag):
     with pytest.raises(FlagError) as err:
         _parse(*argv)
     assert flag in str(err.value) and err.value.flag == flag
+
+
+@pytest.mark.parametrize("strategy,want", [("extra_buffer", "extra_buffer"), ("auto", "auto")])
+def test_radix_strategy_with_speculative_decoding_is_accepted_as_given(strategy, want):
+    """extra_buffer with speculative decoding is supported (track slots at accepted-prefix boundaries,
+    ``spec.py``); ``auto`` is left to SGLang's own resolution, with or without speculative decoding."""
+    sa = _parse("--replayssm-window", "8", "--speculative-algorithm", "NGRAM", "--mamba-radix-cache-strategy", strategy)
+    assert sa._replayssm_options["window"] == 8
+    assert sa.mamba_radix_cache_strategy == want
 
 
 @pytest.mark.parametrize("argv,flag", [

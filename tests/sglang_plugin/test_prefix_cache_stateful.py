@@ -12,6 +12,8 @@ request's. The pool's slot operations are the ones SGLang calls (``note_decode``
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -185,6 +187,76 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         for b, s in enumerate(rows):
             for i in range(accepted[b]):
                 self.live[s].tokens.append([index_inputs(toks[layer], (slice(b, b + 1), i)) for layer in range(LAYERS)])
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), T=st.integers(1, TMAX), tree=st.booleans())
+    def verify_commit_track(self, data, T, tree):
+        """A verify (chain, or an EAGLE-style tree) committed through SGLang's commit entry point with track
+        slots (``extra_buffer``): a row whose accepted path crosses a track boundary at draft node ``n`` gets
+        the state after the path up to ``n`` in its track slot (SSM state and conv window of ``n``), while its
+        live slot commits the whole path (and folds when the window fills)."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.speculative import spec_utils
+
+        rows = sorted(data.draw(st.sets(st.sampled_from(sorted(self.live)), min_size=1)))
+        B = len(rows)
+        parents = [-1] + [data.draw(st.integers(0, i - 1)) if tree else i - 1 for i in range(1, T)]
+        paths = []
+        for _ in rows:   # a root-to-node path, root (the bonus token's verify position) always accepted
+            path = [0]
+            while True:
+                kids = [n for n in range(T) if parents[n] == path[-1]]
+                if not kids or not data.draw(st.booleans()):
+                    break
+                path.append(data.draw(st.sampled_from(kids)))
+            paths.append(path)
+        spare = [s for s in self._free() + sorted(self.nodes)]
+        tracked = data.draw(st.lists(st.sampled_from(range(B)), unique=True, max_size=min(B, len(spare))))
+        dsts = dict(zip(tracked, data.draw(st.permutations(spare))[: len(tracked)]))
+        cut = {b: data.draw(st.integers(1, len(paths[b]))) for b in tracked}   # nodes up to the boundary
+
+        self.req_pool.req_index_to_mamba_index_mapping[torch.arange(B)] = torch.tensor(rows, dtype=torch.int32)
+        self.pool.begin_verify(rows, T, [parents] * B if tree else None)
+        self.pool.set_verify_parents([parents] * B if tree else None)
+        toks = self._tokens(B, drafts=T)
+        for layer in range(LAYERS):
+            f32 = {k: v.float() for k, v in toks[layer].items()}
+            out = call(self.fam.verify, self.geo, f32, self.params32, self.pool.replay, layer, torch.tensor(rows),
+                       parents=self.pool.verify_parents)
+            for b, s in enumerate(rows):
+                S0 = self.live[s].state(self.geo, self.params)[layer][None]
+                node_state = {}
+                for i in range(T):
+                    o, node_state[i] = conventional(self.geo, S0 if parents[i] < 0 else node_state[parents[i]],
+                                                    index_inputs(toks[layer], (slice(b, b + 1), i)), self.params)
+                    assert relerr(out[b, i], o[0]) < 1e-4
+        windows = self.pool.mamba_cache.intermediate_conv_window
+        for w in windows:   # what SGLang's conv kernel writes in the verify: the conv state after each draft
+            w[:, :B] = torch.randn(w[:, :B].shape, generator=self.gen)
+        accept_index = torch.full((B, T), -1, dtype=torch.int64)
+        for b, path in enumerate(paths):
+            accept_index[b, : len(path)] = torch.tensor([b * T + n for n in path])
+        steps = torch.tensor([paths[b][cut[b] - 1] if b in cut else -1 for b in range(B)])
+        batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, req_pool_indices=torch.arange(B),
+                                mamba_track_indices=torch.tensor([dsts.get(b, -1) for b in range(B)]))
+        last = torch.tensor([p[-1] for p in paths])
+        spec_utils.commit_mamba_states_after_verify(
+            SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=self.req_pool)), batch,
+            torch.tensor([len(p) for p in paths], dtype=torch.int32), accept_index, T,
+            prepared_step_indices=(last, steps))
+
+        def history(b, n):
+            seq = self.live[rows[b]].copy()
+            for node in paths[b][:n]:
+                seq.tokens.append([index_inputs(toks[layer], (slice(b, b + 1), node)) for layer in range(LAYERS)])
+            seq.conv = [w[:, b, paths[b][n - 1]].clone() for w in windows]
+            return seq
+
+        tracked_seqs = {dsts[b]: history(b, cut[b]) for b in tracked}
+        for b, s in enumerate(rows):
+            self.live[s] = history(b, len(paths[b]))
+        self.nodes.update(tracked_seqs)
+        assert self.pool.replay.pending(rows[0]) == 0 and all(not self.pool.replay.pending(d) for d in tracked_seqs)
 
     @precondition(lambda self: self.nodes and self._free())
     @rule(data=st.data())

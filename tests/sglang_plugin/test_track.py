@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from .conftest import GDN, make_req_pool, replayssm, sglang_context
@@ -104,3 +105,88 @@ def test_prefill_track_empties_the_track_slots_stale_ring():
         be._track_mamba_state_extend(None, h, cache.temporal, md)
         assert int(pool.replay.cursor[3]) == 0
         torch.testing.assert_close(pool.materialize(1, [3])[0], h[0, 1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("entry", ["spec_utils", "backend"])
+def test_verify_track_at_accepted_prefix_boundary_tree_and_fold(entry):
+    """extra_buffer with speculative decoding: SGLang's commit entry point (``spec_utils``), with the boundary step
+    SGLang itself computes from the sequence lengths (``_verify_commit_step_indices``, track grid 64), or the
+    backend method DFlash / DSpark call with the steps given (``backend``). Row 0 holds 62 tokens and accepts the
+    tree path root -> 2 -> 3: it crosses 64 at node 2, so its track slot gets the state after root -> 2 (a copy that
+    folds: 2 committed records + 2 >= window 4) and the conv window of node 2, while the live slot commits the whole
+    path (and folds too). Row 1 crosses nothing: its track slot stays as it was."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative import spec_utils
+
+    from sglang_replayssm.reference import gdn as ref_gdn
+
+    torch.manual_seed(6)
+    T, W, H = 4, 4, GDN["H"]
+    with replayssm(window=W), sglang_context(speculative_num_draft_tokens=T, speculative_eagle_topk=2,
+                                             mamba_track_interval=64) as sa:
+        req_pool = make_req_pool("gdn", size=6, drafts=T)
+        pool = req_pool.mamba_pool
+        be = _delta_backend("gdn", sa, req_pool)
+        disp = be.kernel_dispatcher
+        slots, track = [1, 2], [4, 5]
+        A_log, dt_bias = torch.randn(H) * 0.3, torch.randn(H) * 0.3
+        cache = req_pool.mamba2_layer_cache(0)
+        ref = torch.zeros(2, *pool.replay.ckpt.shape[2:])
+        for _ in range(2):   # two committed records in each ring
+            be.init_forward_metadata(_batch(ForwardMode.DECODE, slots, req_pool))
+            q, k, v, a, b = _delta_inputs("gdn", 2)
+            disp.decode(q[None], k[None], v[None], a, b, A_log=A_log, dt_bias=dt_bias, ssm_states=cache.temporal,
+                        cache_indices=be.forward_metadata.mamba_cache_indices, query_start_loc=None)
+            ref = ref_gdn.conventional_step(ref, q, k, v, a, b, A_log, dt_bias)[1]
+        pool.settle()
+        assert pool.replay.cursor[slots].tolist() == [2, 2]
+        folded_before = pool.replay.folded[slots].tolist()
+        untouched = pool.replay.ckpt[:, 5].clone()
+
+        parents = [-1, 0, 0, 2]
+        spec = SimpleNamespace(draft_token_num=T, ragged_verify_layout=None,
+                               retrieve_next_token=torch.tensor([[1, -1, 3, -1]] * 2),
+                               retrieve_next_sibling=torch.tensor([[-1, 2, -1, -1]] * 2))
+        be.init_forward_metadata(_batch(ForwardMode.TARGET_VERIFY, slots, req_pool, spec, T))
+        q, k, v, a, b = _delta_inputs("gdn", 2, T)
+        disp.target_verify(A_log, dt_bias, q.flatten(0, 1)[None], k.flatten(0, 1)[None], v.flatten(0, 1)[None],
+                           a.flatten(0, 1), b.flatten(0, 1), ssm_states=cache.temporal,
+                           cache_indices=be.forward_metadata.mamba_cache_indices, query_start_loc=None,
+                           intermediate_states_buffer=None, intermediate_state_indices=None, cache_steps=T,
+                           retrieve_parent_token=None)
+        node = {}
+        for n in range(T):
+            base = ref if parents[n] < 0 else node[parents[n]]
+            node[n] = ref_gdn.conventional_step(base, q[:, n], k[:, n], v[:, n], a[:, n], b[:, n], A_log, dt_bias)[1]
+        windows = pool.mamba_cache.intermediate_conv_window
+        for w in windows:   # SGLang's conv kernel: the conv state after each draft, per batch row
+            w[:, :2] = torch.randn_like(w[:, :2])
+
+        accept_index = torch.tensor([[0, 2, 3, -1], [T + 0, T + 1, -1, -1]])
+        batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, req_pool_indices=torch.arange(2),
+                                mamba_track_indices=torch.tensor(track), seq_lens=torch.tensor([62, 10]),
+                                tree_cache=SimpleNamespace(page_size=1))
+        if entry == "spec_utils":
+            worker = SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=req_pool))
+            spec_utils.commit_mamba_states_after_verify(worker, batch, torch.tensor([3, 2], dtype=torch.int32),
+                                                        accept_index, T)
+        else:
+            from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+
+            hybrid = object.__new__(HybridLinearAttnBackend)   # only its linear backend is read
+            hybrid.linear_attn_backend = be
+            hybrid.update_mamba_state_after_mtp_verify(torch.tensor([3, 1]), torch.tensor(track),
+                                                       torch.tensor([2, -1]), None,
+                                                       req_pool_indices=torch.arange(2, dtype=torch.int32))
+
+        tol = dict(rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(pool.materialize(0, [4])[0], node[2][0], **tol)      # the boundary state
+        torch.testing.assert_close(pool.materialize(0, slots), torch.stack([node[3][0], node[1][1]]), **tol)
+        assert pool.replay.cursor[[4, 1, 2]].tolist() == [0, 0, 0]   # 2 + 2, 2 + 3 and 2 + 2 records fold
+        assert pool.replay.folded[4].item() == folded_before[0] + 4
+        assert torch.equal(pool.replay.ckpt[:, 5], untouched) and pool.replay.cursor[5].item() == 0
+        for conv, w in zip(pool.mamba_cache.conv, windows):
+            assert torch.equal(conv[:, 4], w[:, 0, 2])    # conv window of the boundary node
+            assert torch.equal(conv[:, 1], w[:, 0, 3])    # the live row's: its last accepted node
+            assert not conv[:, 5].any()
+        assert not pool.replay.pending(4) and not pool.replay.pending(1)

@@ -183,22 +183,42 @@ def _flush_cache(server: SGLangServer) -> None:
     assert r.status_code == 200, r.text
 
 
-def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer) -> None:
-    """Turn 2 extends turn 1's prompt + answer: served from the radix cache (cached tokens reported), its
-    answer equal to the same request on an empty cache."""
-    turn1 = prompt_ids(server, PROMPTS[2])
+def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer, turn1: list[int] | None = None,
+                                              new_tokens: int = NEW_TOKENS, cached_tokens: int | None = None,
+                                              prime_ngram: bool = False) -> None:
+    """Turn 2 extends turn 1's prompt (default: ``PROMPTS[2]``) + answer (``new_tokens``): served from the radix
+    cache (cached tokens reported; exactly ``cached_tokens`` when given), its answer equal to the same request on
+    an empty cache, sent afterwards (so no state a turn-2 prefill tracked can be left in a reused slot), and its
+    logprobs within EXACT_LOGPROB_TOL of that request's (a wrong cached state moves them before it flips a token).
+
+    ``prime_ngram`` (NGRAM speculative decoding): turn 1 is answered once, the cache flushed (radix tree and NGRAM
+    corpus), turn 1 + answer put in the NGRAM corpus by a request that shares no radix prefix with it, and turn 1
+    sent again: its drafts are now accepted several at a time (asserted), so what the radix cache keeps of turn 1
+    was committed from multi-token accepts."""
+    turn1 = prompt_ids(server, PROMPTS[2]) if turn1 is None else list(turn1)
     _flush_cache(server)
-    answer1 = server.generate(turn1)["output_ids"]
+    answer1 = server.generate(turn1, max_new_tokens=new_tokens)["output_ids"]
+    if prime_ngram:
+        _flush_cache(server)
+        server.generate(prompt_ids(server, "Q:")[:1] + turn1 + answer1, max_new_tokens=2)
+        again = server.generate(turn1, max_new_tokens=new_tokens)
+        assert again["output_ids"] == answer1
+        assert again["meta_info"].get("spec_num_correct_drafts", 0) > 0, again["meta_info"]
     turn2 = turn1 + answer1 + prompt_ids(server, "\n    return i")
+    cached = server.generate_logprobs(turn2)
     _flush_cache(server)
-    uncached = server.generate(turn2)
+    uncached = server.generate_logprobs(turn2)
     assert uncached["meta_info"]["cached_tokens"] == 0
-    _flush_cache(server)
-    assert server.generate(turn1)["output_ids"] == answer1
-    cached = server.generate(turn2)
     assert cached["meta_info"]["cached_tokens"] > 0, cached["meta_info"]
+    if cached_tokens is not None:
+        assert cached["meta_info"]["cached_tokens"] == cached_tokens, (cached_tokens, cached["meta_info"])
     why = same_greedy(server, turn2, cached["output_ids"], uncached["output_ids"])
     assert why is None, f"cached answer differs from uncached: {why}"
+    toks, ref = cached["output_ids"], uncached["output_ids"]
+    agree = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), len(toks))
+    lps = [[float(x[0]) for x in r["meta_info"]["output_token_logprobs"]][:agree] for r in (cached, uncached)]
+    worst = max(abs(a - b) for a, b in zip(*lps))
+    assert worst <= EXACT_LOGPROB_TOL, f"{server.name}: cached logprobs differ from uncached by {worst:.3g}"
 
 
 # Shared-prefix workloads (extra_buffer): the radix cache holds states at track boundaries only (multiples of

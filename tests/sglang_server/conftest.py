@@ -42,8 +42,12 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "gdn-L4-kernels": ("qwen3_next", True, ["--replayssm-window", "4"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
     "gdn-L1-fp16sr-fp8": ("qwen3_next", True, ["--replayssm-window", "1", "--replayssm-ckpt-precision", "fp16-sr",
                                                "--replayssm-read-copy", "fp8"], {}),
+    # NGRAM with the radix cache's extra_buffer strategy: track slots written at accepted-prefix boundaries inside
+    # the verify commit (track grid lcm(FLA chunk 64, page 1, interval) = 64 tokens)
     "gdn-ngram": ("qwen3_next", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
-                                       "NGRAM", "--speculative-num-draft-tokens", "4"], {}),
+                                       "NGRAM", "--speculative-num-draft-tokens", "4",
+                                       "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
+                                       "64"], {}),
     "m2-stock": ("nemotron_h", False, [], {}),
     "m2-L4": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics"], {}),
     "m2-L1-kernels": ("nemotron_h", True, ["--replayssm-window", "1"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),

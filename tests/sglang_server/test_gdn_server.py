@@ -1,11 +1,15 @@
 """Qwen3-Next (Gated DeltaNet + MoE) served by the real SGLang server on CPU: stock, SGLang's own
 ReplaySSM, and our plugin at windows 1 / 4 / 16 with the reference ops and the Triton kernels (under
 Triton's interpreter), fp16-sr checkpoints with an fp8 read copy, and NGRAM speculative decoding. The
-window-16 server runs the radix cache's extra_buffer strategy, pages of 16 and the overlap scheduler."""
+window-16 server runs the radix cache's extra_buffer strategy, pages of 16 and the overlap scheduler; the NGRAM
+server runs extra_buffer too (track slots written at accepted-prefix boundaries by the verify commit)."""
 
 from __future__ import annotations
 
 from . import checks
+from .conftest import prompt_ids
+
+TRACK_GRID = 64   # gdn-ngram's extra_buffer track grid: lcm(FLA chunk 64, page 1, --mamba-track-interval 64)
 
 
 def test_stock_sglang_equals_transformers(servers):
@@ -67,3 +71,14 @@ def test_plugin_window1_fp16sr_fp8_read_copy_logprobs(servers):
 
 def test_plugin_ngram_speculative_equals_greedy_and_commits_by_pointer(servers):
     checks.speculative_commits_by_pointer(servers.get("gdn-ngram"))
+
+
+def test_plugin_ngram_extra_buffer_tracks_boundary_crossed_inside_a_verify(servers):
+    """Turn 1's prompt ends 6 tokens before the track boundary (64), which its NGRAM generation crosses inside a
+    verify that accepts several drafts (the NGRAM corpus primed with turn 1's answer): nothing else puts a state
+    there (the prefill tracks none), so turn 2 is served from exactly the 64 tokens of the node the verify commit
+    tracked, and equals the same request on an empty cache (tokens, and logprobs to 1e-3)."""
+    s = servers.get("gdn-ngram")
+    turn1 = prompt_ids(s, checks.SYSTEM)[: TRACK_GRID - 6]
+    checks.multi_turn_hits_cache_and_equals_uncached(s, turn1=turn1, new_tokens=16, cached_tokens=TRACK_GRID,
+                                                     prime_ngram=True)
