@@ -3,7 +3,6 @@ the L-step CUDA-graph timer, the byte counts behind every GB/s, the runners of o
 SGLang's decode kernels, and the results being gathered (`RESULTS`, `record`, `timed`)."""
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import traceback
@@ -16,6 +15,8 @@ from sglang_replayssm.kernels import gdn as kgdn, mamba2 as km2  # noqa: E402
 from sglang_replayssm.kernels.tuning import KernelTuning, verify_methods as verify_methods_of  # noqa: E402
 from sglang_replayssm.pool import ReplayConfig, ReplayStatePool, SSMGeometry  # noqa: E402
 
+from peers import ACT, peer  # noqa: E402  (bench/peers.py: the activation dtype the peers get too, their imports)
+
 try:
     from sglang_replayssm.kernels import kda as kkda  # noqa: E402
 except Exception:  # pragma: no cover
@@ -23,16 +24,7 @@ except Exception:  # pragma: no cover
 
 L = 16
 DEV = "cuda"
-ACT = torch.bfloat16
 RESULTS: dict = {"meta": {}, "rows": [], "checks": []}
-
-
-def peer(name):
-    try:
-        return importlib.import_module(name)
-    except Exception as e:  # noqa: BLE001
-        print(f"peer {name} unavailable: {e}")
-        return None
 
 
 FLA = peer("sglang.kernels.ops.attention.fla.fused_recurrent")

@@ -29,7 +29,8 @@ ACT = torch.bfloat16
 SPEC_RING = 16          # SGLang's spec ring length (linear_replayssm_cache_len)
 
 
-def _import(name):
+def peer(name):
+    """The peer module ``name``, or None (printed why) when it cannot be imported here."""
     try:
         return importlib.import_module(name)
     except Exception as e:  # noqa: BLE001
@@ -37,8 +38,8 @@ def _import(name):
         return None
 
 
-SPEC = _import("sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode")
-FI = _import("flashinfer.mamba.checkpointing_ssu")
+SPEC = peer("sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode")
+FI = peer("flashinfer.mamba.checkpointing_ssu")
 
 
 # ----------------------------------------------------------------------------- SGLang spec verify (GDN)

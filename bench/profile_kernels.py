@@ -25,9 +25,8 @@ from torch.profiler import ProfilerActivity, profile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-_spec = importlib.util.spec_from_file_location("bench_kernels", os.path.join(HERE, "kernels.py"))
-bk = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bk)
+sys.path.insert(0, HERE)
+import kernel_harness as bk  # noqa: E402  (bench/kernel_harness.py: geometries, pools, runners, byte counts)
 
 # name: (geometry, kind, config, method); kind: conventional | fp32 | fp8 | verifyT (T drafts + commit fold)
 CASES = {
@@ -106,9 +105,7 @@ def build(case, B, cursors="staggered"):
         pool = bk.make_pool(geo, B)
         base = torch.randperm(B, device=bk.DEV) % bk.L
         steps, reset = bk.run_verify_ours(geo, pool, slots, bk.make_inputs(geo, B, T=T), T, cfg[:3], base, method)
-        E = geo["H"] * geo["Dv"] * geo["Dk"]
-        nb = B * (E * 4 * (1 + T / bk.L) + 0.5 * (bk.L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
-        return geo, steps, reset, nb
+        return geo, steps, reset, bk.bytes_verify(geo, B, T)
     rc = "none" if kind == "fp32" else kind
     pool = bk.make_pool(geo, B, read_copy=rc)
     curs = bk.cursor_sets(B, B, slots, cursors)
