@@ -61,7 +61,9 @@ async def complete(client: httpx.AsyncClient, prompt: str, max_tokens: int, stre
 class Stream:
     """A streamed completion (``body``: the request, ``stream`` forced on; ``path``: /v1/completions or
     /v1/chat/completions) running in the background;
-    ``started`` once its first data line arrived; ``task`` resolves to ``parse_sse(lines)``."""
+    ``started`` once its first data line arrived (the router sends its headers, ``replica`` and
+    ``route``, with the first token); ``task`` resolves to ``parse_sse(lines)``.
+    ``await s.until_started()`` waits for that and raises if the request ended first."""
 
     def __init__(self, client: httpx.AsyncClient, body: dict, path: str = "/v1/completions"):
         self.started = asyncio.Event()
@@ -79,6 +81,14 @@ class Stream:
                 if line.startswith("data: ") and not self.started.is_set():
                     self.started.set()
         return parse_sse(self.lines)
+
+    async def until_started(self) -> None:
+        waiter = asyncio.create_task(self.started.wait())
+        await asyncio.wait({waiter, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        if not self.started.is_set():
+            waiter.cancel()
+            self.task.result()   # the request's own error, if it failed
+            raise AssertionError(f"the request ended before its first token: {self.lines[-3:]}")
 
     async def cancel(self):
         self.task.cancel()

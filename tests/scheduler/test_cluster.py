@@ -35,6 +35,29 @@ async def _wait_idle(client, timeout=30.0):
     raise AssertionError(f"replicas did not become idle: {busy}")
 
 
+async def _inflight(client) -> dict[str, float]:
+    """{replica: requests the router counts in flight there} (what its routing decisions use)."""
+    text = (await client.get("/metrics")).text
+    return {re.search(r'replica="([^"]+)"', k).group(1): v
+            for k, v in metric_values(text, "replayssm_router_replica_inflight").items()}
+
+
+async def _send(client, body, path="/v1/completions", timeout=30.0) -> tuple[Stream, str]:
+    """Start a stream; return it with the replica the router counted it on (whose in-flight count
+    rose), known before any token while the engines are stopped (no other request may be starting)."""
+    before = await _inflight(client)
+    stream = Stream(client, body, path)
+    deadline = time.monotonic() + timeout
+    while True:
+        now = await _inflight(client)
+        rose = [r for r, v in now.items() if v > before.get(r, 0)]
+        if rose:
+            return stream, rose[0]
+        assert not stream.task.done(), stream.task.result()
+        assert time.monotonic() < deadline, f"not routed in {timeout} s: {now}"
+        await asyncio.sleep(0.05)
+
+
 async def _engine_counter(client, name):
     """{replica: value} of an engine metric, as re-exported by the router."""
     text = (await client.get("/metrics")).text
@@ -44,10 +67,6 @@ async def _engine_counter(client, name):
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + v
     return out
-
-
-def _Stream(client, prompt, max_tokens):
-    return Stream(client, {"prompt": prompt, "max_tokens": max_tokens, **EXTRA})
 
 
 def _run(coro):
@@ -105,17 +124,18 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
     async def main():
         async with httpx.AsyncClient(base_url=cluster["url"], timeout=120) as c:
             await _wait_idle(c)
-            # 1. two long unique requests on an idle cluster: packed onto ONE replica (A)
-            l1 = _Stream(c, f"unique long one {uuid.uuid4().hex}", LONG)
-            await l1.started.wait()
-            l2 = _Stream(c, f"unique long two {uuid.uuid4().hex}", LONG)
-            await l2.started.wait()
-            assert l1.replica == l2.replica and l1.route == l2.route == "pack"
-            a = l1.replica
-            # 2. A is at its target batch: the shared prompt spills to B
-            r0 = await complete(c, shared, 4, **EXTRA)
-            b = r0["replica"]
-            assert b != a and r0["route"] == "pack"
+            with await _stop_engines(c) as engines:   # requests stay in flight while the test needs
+                # 1. two long unique requests on an idle cluster: packed onto ONE replica (A)
+                l1, a = await _send(c, {"prompt": f"unique long one {uuid.uuid4().hex}", "max_tokens": LONG, **EXTRA})
+                l2, a2 = await _send(c, {"prompt": f"unique long two {uuid.uuid4().hex}", "max_tokens": LONG, **EXTRA})
+                assert a2 == a
+                (b,) = set(engines) - {a}
+                engines[b].resume()
+                # 2. A is at its target batch: the shared prompt spills to B
+                r0 = await complete(c, shared, 4, **EXTRA)
+                assert r0["replica"] == b and r0["route"] == "pack"
+            await l2.until_started()
+            assert l1.replica == l2.replica == a and l1.route == l2.route == "pack"
             hits_before = await _engine_counter(c, "replayssm:prefix_cache_hits_total")
             # 3. requests extending it follow it to B (prefix hits), where the engine starts them from
             #    its cached prompt-prefix state instead of prefilling the shared part again
@@ -139,13 +159,15 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
             r = await complete(c, shared + "question three", 4, **EXTRA)
             assert (r["replica"], r["route"]) == (b, "prefix_hit")
             # 5. skew: B holds 2 long shared-prefix requests (its target batch), A none -> override to A
-            h1 = _Stream(c, shared + "long four", LONG)
-            await h1.started.wait()
-            h2 = _Stream(c, shared + "long five", LONG)
-            await h2.started.wait()
+            with await _stop_engines(c) as engines:
+                engines[a].resume()
+                h1, b1 = await _send(c, {"prompt": shared + "long four", "max_tokens": LONG, **EXTRA})
+                h2, b2 = await _send(c, {"prompt": shared + "long five", "max_tokens": LONG, **EXTRA})
+                assert b1 == b2 == b
+                r = await complete(c, shared + "question six", 4, **EXTRA)
+                assert (r["replica"], r["route"]) == (a, "load_override")
+            await h2.until_started()
             assert (h1.replica, h1.route) == (b, "prefix_hit") and (h2.replica, h2.route) == (b, "prefix_hit")
-            r = await complete(c, shared + "question six", 4, **EXTRA)
-            assert (r["replica"], r["route"]) == (a, "load_override")
             await h1.cancel()
             await h2.cancel()
             text = (await c.get("/metrics")).text
@@ -227,10 +249,8 @@ def test_everything_is_on_loopback(cluster):
     assert {_host(a) for l, p, _ in established for a in (l, p)} == {"127.0.0.1"}, established
 
 
-def _kill_engine(replica_uid):
-    """SIGKILL the engine process group of one replica (the replica actor itself stays)."""
-    import signal
-
+def _engine_groups(replica_uid):
+    """Process groups of one replica's engine (found by the replica id in their environment)."""
     needle = f"SGLANG_REPLAYSSM_REPLICA={replica_uid}".encode()
     groups = set()
     for pid in session_pids():
@@ -241,7 +261,86 @@ def _kill_engine(replica_uid):
         except OSError:
             pass
     assert groups, f"no engine processes found for replica {replica_uid}"
-    for g in groups:
+    return groups
+
+
+class Frozen:
+    """One replica's engine stopped with SIGSTOP (`stop()`), so that requests routed there stay
+    unfinished, counted in flight by the router, for as long as the test needs, whatever the machine's
+    speed: a 300-token answer of the test model takes about a second, less than a busy 2-core machine
+    may take between two steps of a test. `resume()` (SIGCONT) is idempotent. Keep stops short: the
+    replica's health check gives its engine 10 s to answer, then Serve replaces the replica."""
+
+    def __init__(self, replica_uid):
+        self.groups = _engine_groups(replica_uid)
+        self.stopped = False
+
+    def stop(self):
+        import signal
+
+        for g in self.groups:
+            os.killpg(g, signal.SIGSTOP)
+        self.stopped = True
+        return self
+
+    def resume(self):
+        import signal
+
+        if self.stopped:
+            self.stopped = False
+            for g in self.groups:
+                try:
+                    os.killpg(g, signal.SIGCONT)
+                except ProcessLookupError:   # killed meanwhile
+                    pass
+
+    async def run_until_started(self, *streams, slice_s=0.01, settle_s=0.3):
+        """Let the stopped engine run in slices of `slice_s` until every stream sent its first token;
+        each slice's tokens get `settle_s` to reach the client before the next, so the engine makes
+        only a few tokens more than the client has seen (on a busy machine, letting it run until the
+        first token arrives could be a whole short answer). Stopped again at the end."""
+        for s in streams:
+            waiter = asyncio.create_task(s.started.wait())
+            try:
+                while not s.started.is_set():
+                    assert not s.task.done(), f"the request ended before its first token: {s.lines[-3:]}"
+                    self.resume()
+                    await asyncio.sleep(slice_s)
+                    self.stop()
+                    await asyncio.wait({waiter, s.task}, timeout=settle_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+
+
+class StoppedEngines(dict):
+    """{replica: Frozen}: every replica's engine, stopped; all resumed at the end of a `with` block."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for f in self.values():
+            f.resume()
+
+
+async def _stop_engines(client) -> StoppedEngines:
+    replicas = sorted(await _inflight(client))
+    assert len(replicas) == 2, replicas
+    engines = StoppedEngines()
+    try:
+        for r in replicas:
+            engines[r] = Frozen(r).stop()
+    except BaseException:
+        engines.__exit__()
+        raise
+    return engines
+
+
+def _kill_engine(replica_uid):
+    """SIGKILL the engine process group of one replica (the replica actor itself stays)."""
+    import signal
+
+    for g in _engine_groups(replica_uid):
         os.killpg(g, signal.SIGKILL)
 
 
@@ -269,6 +368,35 @@ def _wait_replicas_running(n, timeout=180.0):
     raise AssertionError(f"Serve did not restore {n} replicas: {dep.replica_states}")
 
 
+async def _spread_over_two(c, engines, bodies, attempts=3):
+    """With every engine stopped (`engines`), start four streams (body, path): packing sends the first
+    two to one replica (A) and, A at its target batch of 2, the last two to the other (B). A's engine
+    then resumes; B's runs until both of its streams sent a first token and stays stopped, so that
+    what the test does next cuts both of B's requests mid-answer. Returns the streams.
+
+    The policy ranks, Serve sends: a replica that does not answer Serve's queue-length probe in time
+    (a loaded machine) is passed over for the next in the ranking. Such a start is cancelled and
+    made again, `attempts` times at most."""
+    for _ in range(attempts):
+        streams, where = [], []
+        for body in bodies:
+            s, r = await _send(c, *body)
+            streams.append(s)
+            where.append(r)
+        a, b = where[0], where[2]
+        if where == [a, a, b, b] and a != b:
+            engines[a].resume()
+            await engines[b].run_until_started(streams[2], streams[3])
+            return streams
+        for s in streams:
+            await s.cancel()
+        engines.__exit__()
+        await _wait_idle(c)
+        for f in engines.values():
+            f.stop()
+    raise AssertionError(f"the four streams were not packed two and two in {attempts} attempts: {where}")
+
+
 CHAT_DEFAULT_TOKENS = 128   # the native engine's max_tokens of a chat request that names none
 
 
@@ -284,21 +412,17 @@ def test_killed_replica_requests_complete_exactly_once(cluster):
     async def main():
         async with httpx.AsyncClient(base_url=cluster["url"], timeout=300) as c:
             await _wait_idle(c)
-            bodies = [({"prompt": prompts[0], "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
-                      ({"prompt": prompts[1], "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
-                      ({"prompt": token_prompt, "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
-                      (chat, "/v1/chat/completions")]
-            streams = []
-            for body, path in bodies:   # packing: the first two on one replica, the last two on the other
-                s = Stream(c, body, path)
-                await s.started.wait()
-                streams.append(s)
-            unary = [asyncio.create_task(complete(c, p, max_tokens, **EXTRA)) for p in prompts[4:]]
-            victim = streams[-1].replica  # the chat stream, started last, has most of its tokens to go
-            assert any(s.replica != victim for s in streams)  # the cluster is really spread over two
-            mid = [s for s in streams if s.replica == victim and not s.task.done()]
-            _kill_replica(victim)
-            results = [await s.task for s in streams]
+            with await _stop_engines(c) as engines:
+                streams = await _spread_over_two(
+                    c, engines, [({"prompt": prompts[0], "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
+                                 ({"prompt": prompts[1], "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
+                                 ({"prompt": token_prompt, "max_tokens": max_tokens, **EXTRA}, "/v1/completions"),
+                                 (chat, "/v1/chat/completions")])
+                victim = streams[-1].replica
+                unary = [asyncio.create_task(complete(c, p, max_tokens, **EXTRA)) for p in prompts[4:]]
+                mid = [s for s in streams if s.replica == victim and not s.task.done()]
+                _kill_replica(victim)
+                results = [await s.task for s in streams]
             unary_res = await asyncio.gather(*unary)
             # reference: the same requests with no failure (greedy decoding is deterministic)
             _wait_replicas_running(2)
@@ -307,7 +431,8 @@ def test_killed_replica_requests_complete_exactly_once(cluster):
             return streams, results, unary_res, ref, ref_chat, victim, mid
 
     streams, results, unary_res, ref, ref_chat, victim, mid = _run(main())
-    assert streams[2] in mid and streams[3] in mid, "the token-id and chat requests were not cut: no resume tested"
+    assert mid == streams[2:], "the token-id and chat requests were not cut: no resume tested"
+    assert streams[1].replica == streams[0].replica != victim
     expected = [r["text"] for r in ref[:4]]
     expected[3] = ref_chat
     assert expected[2] == ref[2]["text"] and len(ref_chat) == CHAT_DEFAULT_TOKENS
@@ -336,15 +461,13 @@ def test_engine_crash_requests_resume_and_replica_is_replaced(cluster):
     async def main():
         async with httpx.AsyncClient(base_url=cluster["url"], timeout=300) as c:
             await _wait_idle(c)
-            streams = []
-            for p in prompts:
-                s = _Stream(c, p, max_tokens)
-                await s.started.wait()
-                streams.append(s)
-            victim = streams[-1].replica
-            mid = [s for s in streams if s.replica == victim and not s.task.done()]
-            _kill_engine(victim)
-            results = [await s.task for s in streams]
+            with await _stop_engines(c) as engines:
+                streams = await _spread_over_two(
+                    c, engines, [({"prompt": p, "max_tokens": max_tokens, **EXTRA}, "/v1/completions") for p in prompts])
+                victim = streams[-1].replica
+                mid = [s for s in streams if s.replica == victim and not s.task.done()]
+                _kill_engine(victim)
+                results = [await s.task for s in streams]
             # the replica fails its health check; Serve replaces it
             deadline = time.monotonic() + 120
             while True:
@@ -359,13 +482,15 @@ def test_engine_crash_requests_resume_and_replica_is_replaced(cluster):
             return streams, results, ref, victim, mid
 
     streams, results, ref, victim, mid = _run(main())
-    assert mid
-    for s, (chunks, meta, done), r in zip(streams, results, ref):
-        assert done and "".join(chunk_text(ch) for ch in chunks) == r["text"]
+    assert mid == streams[2:] and streams[1].replica == streams[0].replica != victim
+    for i, (s, (chunks, meta, done), r) in enumerate(zip(streams, results, ref)):
+        text = "".join(chunk_text(ch) for ch in chunks)
+        assert done, (i, meta)
+        assert text == r["text"], (i, meta, text, r["text"])
         assert sum(1 for ch in chunks if chunk_text(ch)) == max_tokens
-        if meta["retries"]:   # cut by the crash: resumed elsewhere
-            assert s in mid and meta["replicas"][-1] != victim
-    # a stream of the victim may still finish between the look and the kill; not all of them
-    assert any(meta["retries"] >= 1 for _chunks, meta, _done in (results[streams.index(s)] for s in mid))
+        if s in mid:   # cut by the crash: resumed elsewhere
+            assert meta["retries"] >= 1 and meta["replicas"][0] == victim and meta["replicas"][-1] != victim
+        else:
+            assert meta["retries"] == 0
     assert victim not in {r["replica"] for r in ref}  # the crashed replica was replaced
     assert all(r["retries"] == 0 for r in ref)
