@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ DEVICE_COMMAND = "set -o pipefail; [FLEET_ONLY=...] [FLEET_EXTRA=...] BUDGET=...
                  "2>&1 | tee $OUT/log   (carry [\".h200\"])"
 
 METRICS = ("output_throughput", "median_itl_ms", "mean_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_ttft_ms",
-           "duration", "completed", "total_output_tokens", "max_concurrency", "random_input_len", "random_output_len")
+           "duration", "completed", "total_output_tokens", "max_concurrency", "random_input_len", "random_output_len",
+           "accept_length")
 
 
 def divergence(x: list, y: list) -> int | None:
@@ -54,14 +56,45 @@ def gather(calls: dict[str, Path]) -> dict:
     return out
 
 
+ROW_NAME = re.compile(r"^(?P<server>.+)_c(?P<conc>\d+)(?:_r(?P<round>\d+))?$")
+
+
+def parse_row(row: str) -> tuple[str, int, int]:
+    """A bench row's file stem (tools/h200_fleet.py: NAME_cC, NAME_cC_rK for round K > 1) as (server, concurrency,
+    round)."""
+    m = ROW_NAME.match(row)
+    if m is None:
+        raise ValueError(f"not a bench row name: {row!r}")
+    return m["server"], int(m["conc"]), int(m["round"] or 1)
+
+
+def rounds_by_row(call: dict) -> dict[tuple[str, int], dict[int, dict]]:
+    """{(server, concurrency): {round: metrics}} of one call, servers in their bench order."""
+    out: dict[tuple[str, int], dict[int, dict]] = {}
+    for row, m in call["bench"].items():
+        server, conc, rnd = parse_row(row)
+        out.setdefault((server, conc), {})[rnd] = m
+    return out
+
+
+def _cell(ms: dict[int, dict], metric: str, fmt: str) -> str:
+    vals = [ms[r][metric] for r in sorted(ms) if ms[r].get(metric) is not None]
+    return " / ".join(fmt.format(v) for v in vals) if vals else "–"
+
+
 def table(data: dict) -> str:
-    lines = ["| call | server | concurrency | output tok/s | median ITL ms | p99 ITL ms | median TPOT ms | duration s |",
+    """One markdown row per (call, server, concurrency); a row measured in several rounds shows each round's value
+    (round 1 / round 2 ...)."""
+    lines = ["| call | server | concurrency | output tok/s | median ITL ms | p99 ITL ms | median TPOT ms | accept length |",
              "|---|---|---|---|---|---|---|---|"]
     for label, call in data.items():
-        for row, m in call["bench"].items():
-            name, conc = row.rsplit("_c", 1)
-            lines.append(f"| {label} | {name} | {conc} | {m['output_throughput']:.0f} | {m['median_itl_ms']:.2f} | "
-                         f"{m['p99_itl_ms']:.2f} | {m['median_tpot_ms']:.2f} | {m['duration']:.1f} |")
+        order = list(call["servers"])
+        rows = rounds_by_row(call)
+        for server, conc in sorted(rows, key=lambda sc: (sc[1], order.index(sc[0]) if sc[0] in order else len(order))):
+            ms = rows[(server, conc)]
+            lines.append(f"| {label} | {server} | {conc} | {_cell(ms, 'output_throughput', '{:.0f}')} | "
+                         f"{_cell(ms, 'median_itl_ms', '{:.2f}')} | {_cell(ms, 'p99_itl_ms', '{:.2f}')} | "
+                         f"{_cell(ms, 'median_tpot_ms', '{:.2f}')} | {_cell(ms, 'accept_length', '{:.2f}')} |")
     return "\n".join(lines)
 
 
@@ -71,18 +104,24 @@ def plot(data: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(f"{name} c{conc}\n(call {label})", m) for label, call in data.items()
-            for row, m in call["bench"].items() for name, conc in [row.rsplit("_c", 1)]]
+    rows = [(f"{server} c{conc}" + (f" ({label})" if len(data) > 1 else ""), ms) for label, call in data.items()
+            for (server, conc), ms in rounds_by_row(call).items()]
+    nr = max((max(ms) for _, ms in rows), default=1)
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.5 * len(rows) + 2))
-    labels = [r for r, _ in rows]
+    h = 0.8 / nr
     for ax, metric, title in ((axes[0], "output_throughput", "output throughput (tok/s)"),
                               (axes[1], "median_itl_ms", "median ITL (ms)")):
-        ax.barh(range(len(rows)), [m[metric] for _, m in rows], color="tab:blue")
-        ax.set_yticks(range(len(rows)), labels if ax is axes[0] else [""] * len(rows), fontsize=8)
+        for r in range(1, nr + 1):
+            ax.barh([i + (r - 1) * h for i in range(len(rows))],
+                    [(ms[r].get(metric) or 0) if r in ms else 0 for _, ms in rows], height=h, label=f"round {r}")
+        ax.set_yticks([i + 0.4 - h / 2 for i in range(len(rows))],
+                      [r for r, _ in rows] if ax is axes[0] else [""] * len(rows), fontsize=8)
         ax.invert_yaxis()
         ax.set_title(title)
+    if nr > 1:
+        axes[0].legend(fontsize=8)
     fig.suptitle("SGLang 0.5.23 bench_serving on one H200, CUDA graphs on (random 512 in / 256 out, rate inf)\n"
-                 "rows from different device calls are not comparable (see docs/sglang_on_gpu.md)", fontsize=9)
+                 "servers up together, benchmarked one at a time; rows of one call are one run", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -98,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python bench/sglang_h200_fleet.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "device_command": DEVICE_COMMAND, "device": "1x NVIDIA H200 (device tool), torch 2.11, Triton 3.6",
             "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "note": "call labels are the calls' start times (UTC, 2026-12-02); rows of different calls are "
-                    "different runs"}
+            "note": "a call label names one run (UTC, 2026-12-02): its servers were started once and each row "
+                    "benchmarked while the others idled; rows of different labels are different runs"}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "calls": data}, indent=1))
     plot(data, out.with_suffix(".png"))
     print(table(data))

@@ -51,6 +51,8 @@ PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn
 CONCURRENCY = (64, 256)
 INPUT_LEN, OUTPUT_LEN = 512, 256
 PROMPTS_PER_CONC = {64: 192, 256: 512}
+# FLEET_ROUNDS=2: every row twice (files NAME_cC.jsonl, then NAME_cC_r2.jsonl), to show the run-to-run spread
+ROUNDS = int(os.environ.get("FLEET_ROUNDS", "1"))
 
 
 def _servers():
@@ -179,11 +181,15 @@ def bench(state: Path, deadline: float) -> None:
     time.sleep(2 if starting else 0)
     data = _sharegpt(state)
     rows = []
-    for n in [n for n in _servers() if n in st and _alive(st[n]["pid"])]:
+    live = [n for n in _servers() if n in st and _alive(st[n]["pid"])]
+    # round by round, each concurrency across every server in turn: a drift of the machine over the run
+    # (clocks, the other servers' idle loops) falls on every server alike
+    for rnd in range(1, ROUNDS + 1):
         for conc in CONCURRENCY:
-            row = out / f"{n}_c{conc}.jsonl"
-            if not (row.exists() and row.stat().st_size):
-                rows.append([n, conc, str(row), _bench_argv(st[n], n, conc, data, row)])
+            for n in live:
+                row = out / (f"{n}_c{conc}" + (f"_r{rnd}" if rnd > 1 else "") + ".jsonl")
+                if not (row.exists() and row.stat().st_size):
+                    rows.append([n, conc, str(row), _bench_argv(st[n], n, conc, data, row)])
     if not rows:
         return
     (out / "rows.json").write_text(json.dumps(rows))
@@ -198,7 +204,7 @@ def bench(state: Path, deadline: float) -> None:
         except subprocess.TimeoutExpired:
             print("bench: deadline reached", flush=True)
     for n, conc, row, _ in rows:
-        print(f"bench {n} c{conc}: " + _row_summary(Path(row)), flush=True)
+        print(f"bench {Path(row).stem}: " + _row_summary(Path(row)), flush=True)
 
 
 def bench_rows(rows_path: Path, deadline: float) -> None:

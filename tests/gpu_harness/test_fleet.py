@@ -7,6 +7,7 @@ file has more rows than any run's prompts (the random dataset stops at the file'
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,9 +37,10 @@ def _state(tmp_path: Path) -> Path:
         (tmp_path / f"tok_{n}.json").write_text(json.dumps({"solo_ids": ids, "batch_ids": ids, "ready_s": 5}))
         (tmp_path / f"{n}.log").write_text("Traceback: x\nlast line\n")
     (tmp_path / "bench").mkdir()
-    (tmp_path / "bench" / "m2_stock_c64.jsonl").write_text(json.dumps(
-        {"output_throughput": 1000.0, "median_itl_ms": 5.0, "p99_itl_ms": 9.0, "median_tpot_ms": 4.0,
-         "duration": 3.0}) + "\n")
+    for row, tput in (("m2_stock_c64", 1000.0), ("m2_stock_c64_r2", 1200.0)):
+        (tmp_path / "bench" / f"{row}.jsonl").write_text(json.dumps(
+            {"output_throughput": tput, "median_itl_ms": 5.0, "p99_itl_ms": 9.0, "median_tpot_ms": 4.0,
+             "duration": 3.0, "accept_length": None}) + "\n")
     return tmp_path
 
 
@@ -63,6 +65,37 @@ def test_report_and_gather(tmp_path):
                                                                                 "batch_ids": [2, None]}
     assert data["calls"]["x"]["bench"]["m2_stock_c64"]["median_itl_ms"] == 5.0
     assert (tmp_path / "fleet.png").stat().st_size > 1000
+    # one table row per (server, concurrency), each round's value in order
+    assert "| x | m2_stock | 64 | 1000 / 1200 | 5.00 / 5.00 |" in gather.table(data["calls"])
+
+
+def test_row_names_and_rounds():
+    assert gather.parse_row("gdn_ours_fp8_ngram_c256") == ("gdn_ours_fp8_ngram", 256, 1)
+    assert gather.parse_row("gdn_stock_c64_r2") == ("gdn_stock", 64, 2)
+    try:
+        gather.parse_row("gdn_stock")
+    except ValueError as e:
+        assert "gdn_stock" in str(e)
+    else:
+        raise AssertionError("a name without _cC must be refused")
+
+
+def test_bench_rounds_interleave_servers(tmp_path, monkeypatch):
+    """Rows run round by round, each concurrency across every server, and a row already done is skipped."""
+    st = {n: {"pid": os.getpid(), "port": 1, "argv": ["serve.py", "stock", "--model-path", "/m"], "started": 0}
+          for n in ("gdn_stock", "gdn_ours_fp32")}
+    (tmp_path / "servers.json").write_text(json.dumps(st))
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "gdn_stock_c64.jsonl").write_text("{}\n")
+    monkeypatch.setattr(fleet, "ROUNDS", 2)
+    monkeypatch.setattr(fleet, "ONLY", [])
+    monkeypatch.setattr(fleet, "SERVERS", {n: ("stock", "qwen3_next", []) for n in st})
+    monkeypatch.setattr(fleet, "_healthy", lambda port: True)
+    monkeypatch.setattr(fleet.subprocess, "run", lambda *a, **k: None)   # the bench child: rows.json is the plan
+    fleet.bench(tmp_path, 0.0)
+    rows = [Path(r[2]).stem for r in json.loads((tmp_path / "bench" / "rows.json").read_text())]
+    assert rows == ["gdn_ours_fp32_c64", "gdn_stock_c256", "gdn_ours_fp32_c256", "gdn_stock_c64_r2",
+                    "gdn_ours_fp32_c64_r2", "gdn_stock_c256_r2", "gdn_ours_fp32_c256_r2"]
 
 
 def test_sharegpt_file_outlasts_the_prompts(tmp_path):
