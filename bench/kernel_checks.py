@@ -51,6 +51,14 @@ def gpu_checks():
                         o2 = rm.verify(pr, 0, slots, **inp, parents=par)
                         row[f"max_rel_err_verify_T{T}_{'tree' if tree else 'chain'}" + (f"_{vm}" if vm else "")] = (
                             (o1[:-1].double() - o2[:-1].double()).norm() / o2[:-1].double().norm()).item()
+                    # the whole commit of the last verify's drafts (rows that reach the window fold), padding row 0
+                    acc = torch.tensor([4, 1, 3, 0, 2, 0], dtype=torch.int32, device=DEV)
+                    km.commit(pk, slots, acc)
+                    rm.commit(pr, slots, acc)
+                    row["commit_pointers_equal"] = bool(torch.equal(pk.cursor, pr.cursor)
+                                                        and torch.equal(pk.folded, pr.folded))
+                    row["rel_err_ckpt_commit"] = ((pk.ckpt[:, 1:] - pr.ckpt[:, 1:]).double().norm()
+                                                  / pr.ckpt[:, 1:].double().norm()).item()
                 except Exception as e:  # noqa: BLE001
                     row["verify_error"] = repr(e)[:200]
             print("CHECK", row)

@@ -244,13 +244,14 @@ def run_sglang_replay(geo, B, state, slots, inp, nslots):
 
 
 def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method=None):
-    """One verify of T chain drafts + the commit fold of rows that reach the window (all drafts
-    accepted: the most folds) + the on-device cursor update, per step; L steps per graph."""
+    """One verify of T chain drafts + the commit of all T (the library's `commit`, as pool.accept_drafts
+    calls it: the fold of rows that reach the window, counted from the cursor, then the pointer move), per
+    step; L steps per graph."""
     mod = module(geo)
     B = slots.shape[0]
     cur0 = torch.zeros(pool.cursor.shape, dtype=torch.int32, device=DEV)
     cur0[slots.long()] = base.int()
-    counts = torch.zeros(B, dtype=torch.int32, device=DEV)
+    accepted = torch.full((B,), T, dtype=torch.int32, device=DEV)
 
     kw = {"method": method} if method else {}
     if cfg is not None:  # None: the library's defaults
@@ -258,11 +259,7 @@ def run_verify_ours(geo, pool, slots, inp_t, T, cfg, base, method=None):
 
     def f():
         mod.verify(pool, 0, slots, **inp_t, **kw)
-        c = pool.cursor[slots.long()] + T
-        full = c >= L
-        counts.copy_(torch.where(full, c, torch.zeros_like(c)))
-        mod.fold(pool, 0, slots, counts)
-        pool.cursor[slots.long()] = torch.where(full, torch.zeros_like(c), c)
+        mod.commit(pool, slots, accepted)
 
     def reset():
         pool.cursor = cur0.clone()

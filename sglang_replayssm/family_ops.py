@@ -12,6 +12,7 @@ Both backends have the same signatures (docs/layout.md; the kernels add keyword-
     decode(pool, layer, slots, <raw inputs>) -> out                 ReplaySSM decode, one token per row
     verify(pool, layer, slots, <raw inputs [B, T, ...]>, parents=None) -> out   output-only draft verify
     fold(pool, layer | None, slots, counts)            records into the checkpoint (None: every layer)
+    commit(pool, slots, accepted)                      a chain commit: fold where the window is reached, move pointers
     conventional_decode(state, slots, <raw inputs>) -> out           plain recurrence on state[slots]
     roll_conv(conv, conv_in, rows, acc, nodes)         the conv state past the accepted drafts
 
@@ -49,6 +50,7 @@ class FamilyOps:
     decode: Callable
     verify: Callable
     fold: Callable
+    commit: Callable
     conventional_decode: Callable
     roll_conv: Callable
     conventional_step: Callable
@@ -98,7 +100,7 @@ class FamilyOps:
     def reference(cls, family: str) -> "FamilyOps":
         """The PyTorch reference (``reference.<family>``): any device, the oracle."""
         ref = FAMILY_MODULES[family]
-        return cls(family, "reference", decode=ref.decode, verify=ref.verify, fold=ref.fold,
+        return cls(family, "reference", decode=ref.decode, verify=ref.verify, fold=ref.fold, commit=ref.commit,
                    conventional_decode=ref.conventional_decode, roll_conv=reference_conv_state.roll_conv_state,
                    **cls._shared(ref))
 
@@ -110,7 +112,7 @@ class FamilyOps:
         flush_list = None
         if "flush_list" in inspect.signature(kern.decode).parameters:
             flush_list = importlib.import_module("sglang_replayssm.kernels.split_decode").flush_list
-        return cls(family, "triton", decode=kern.decode, verify=kern.verify, fold=kern.fold,
+        return cls(family, "triton", decode=kern.decode, verify=kern.verify, fold=kern.fold, commit=kern.commit,
                    conventional_decode=kern.conventional_decode, roll_conv=conv_state.roll_conv_state,
                    flush_list=flush_list, **cls._shared(FAMILY_MODULES[family]))
 

@@ -24,6 +24,29 @@ def fold_layer_head(layer, H: tl.constexpr):
 
 
 @triton.jit
+def fold_count(cursor_ptr, row, acc, WINDOW: tl.constexpr):
+    """A commit's fold count for one row: the row's records up to cursor + acc accepted drafts if they reach
+    the window, else 0 (the pointer has not moved yet: _advance_kernel moves it after the fold)."""
+    c = tl.load(cursor_ptr + row) + acc
+    return tl.where(c >= WINDOW, c, 0)
+
+
+@triton.jit
+def _advance_kernel(slots_ptr, acc_ptr, cursor_ptr, folded_ptr, B, WINDOW: tl.constexpr, BLOCK: tl.constexpr):
+    """A commit's pointer move, after its fold: cursor += acc, and a row that reached the window restarts at 0
+    with folded += its new count (the fold's records). Rows are distinct slots, or padding rows (acc 0) that
+    rewrite a slot's own values."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < B
+    slot = tl.load(slots_ptr + o, mask=m, other=0).to(tl.int64)
+    c = tl.load(cursor_ptr + slot, mask=m, other=0) + tl.load(acc_ptr + o, mask=m, other=0)
+    full = c >= WINDOW
+    f = tl.load(folded_ptr + slot, mask=m, other=0)
+    tl.store(folded_ptr + slot, f + tl.where(full, c, 0).to(f.dtype), mask=m)
+    tl.store(cursor_ptr + slot, tl.where(full, 0, c).to(cursor_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _loop_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_kc, reck_base, recd_base, recg_base, cnt, gtot, alpha, dcur,
                       k_row, rk, REC_K_STRIDE: tl.constexpr, REC_D_STRIDE: tl.constexpr, REC_G_STRIDE: tl.constexpr,
                       K: tl.constexpr, HAS_CUR: tl.constexpr):
@@ -135,22 +158,25 @@ def fold_tile_store(S0, Kr, Dr, w, gtot, alpha, dcur, kcur, ckpt_ptr, rc_ptr, rs
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
-def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+def _fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
                  recd_ptr, reck_ptr, recg_ptr, seed, layer, S,
                  H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                  READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                 INTERPRET: tl.constexpr):
+                 INTERPRET: tl.constexpr, WINDOW: tl.constexpr, FROM_ACCEPTED: tl.constexpr):
     """Fold records 0..count-1 of each row into its checkpoint (+ read copy), for one layer or several
-    (fold_layer_head; S: the pool's slots). count 0: no-op. Scalar-decay families (Mamba-2, GDN); KDA
-    has its own (kda/decode.py)."""
+    (fold_layer_head; S: the pool's slots). count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's
+    accepted drafts and the count is fold_count's. Scalar-decay families (Mamba-2, GDN); KDA has its own
+    (kda/decode.py)."""
     i_v = tl.program_id(0)
     i_b = tl.program_id(2)
     layer, i_h, l = fold_layer_head(layer, H)
     cnt = tl.load(counts_ptr + i_b)
+    row = tl.load(slots_ptr + i_b).to(tl.int64)
+    if FROM_ACCEPTED:
+        cnt = fold_count(cursor_ptr, row, cnt, WINDOW)
     if cnt > 0:
         i_hk = i_h // (H // HK)
-        row = tl.load(slots_ptr + i_b).to(tl.int64)
         stream = tl.load(folded_ptr + row) + cnt
         slot = row + l * S                   # in the first layer's views
         o_v = i_v * BV + tl.arange(0, BV)
@@ -167,24 +193,31 @@ def _fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rg
                    HK * K, H * V, H, K, BKC, BV, BR, READ_COPY, CKPT_SR, SHARED_QUANT, False, INTERPRET)
 
 
-def fold(pool, layer: int | None, slots, counts, kernel, tuning=None) -> None:
-    """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place, of one layer
-    or (layer None) of every layer of the pool in one launch (pool.accept_drafts' call), with the family's
-    fold kernel (`_fold_kernel` here for the scalar-decay families, kda's `_kda_fold_kernel`).
-
-    slots / counts: int32 tensors [B] on the pool's device, or sequences of ints. Rows with
-    counts[b] == 0 are untouched. Does not move cursor/folded (the pool does). tuning: a KernelTuning
-    (block_v, block_k, num_warps; FOLD_TUNED where none is given)."""
-    tuning = check_tuning(tuning)
-    block_v, block_k, num_warps = tuning.block_v, tuning.block_k, tuning.num_warps
-    lv = LayerViews(pool, 0 if layer is None else layer)
-    nl = int(pool.ckpt.shape[0]) if layer is None else 1
+def _row_tensors(lv: LayerViews, slots, counts, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """slots and a per-row count (int32 tensors [B] on the pool's device, or int sequences) as checked tensors."""
     if not isinstance(slots, torch.Tensor):
         slots = torch.tensor([int(s) for s in slots], dtype=torch.int32, device=lv.device)
     if not isinstance(counts, torch.Tensor):
         counts = torch.tensor([int(c) for c in counts], dtype=torch.int32, device=lv.device)
     B = check_slots(slots, lv.device, lv.num_slots)
-    check_tensor("counts", counts, shape=(B,), dtype=torch.int32, device=lv.device)
+    check_tensor(name, counts, shape=(B,), dtype=torch.int32, device=lv.device)
+    return slots, counts, B
+
+
+def fold(pool, layer: int | None, slots, counts, kernel, tuning=None, *, from_accepted: bool = False) -> None:
+    """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place, of one layer
+    or (layer None) of every layer of the pool in one launch, with the family's fold kernel (`_fold_kernel`
+    here for the scalar-decay families, kda's `_kda_fold_kernel`).
+
+    slots / counts: int32 tensors [B] on the pool's device, or sequences of ints. Rows with
+    counts[b] == 0 are untouched. Does not move cursor/folded (the pool does). from_accepted: counts are
+    a commit's accepted drafts, and a row folds cursor + accepted records where they reach the window (commit).
+    tuning: a KernelTuning (block_v, block_k, num_warps; FOLD_TUNED where none is given)."""
+    tuning = check_tuning(tuning)
+    block_v, block_k, num_warps = tuning.block_v, tuning.block_k, tuning.num_warps
+    lv = LayerViews(pool, 0 if layer is None else layer)
+    nl = int(pool.ckpt.shape[0]) if layer is None else 1
+    slots, counts, B = _row_tensors(lv, slots, counts, "accepted" if from_accepted else "counts")
     if B == 0:
         return
     check_block_k(block_k, lv.Dk)
@@ -198,9 +231,27 @@ def fold(pool, layer: int | None, slots, counts, kernel, tuning=None) -> None:
     rc, rs, rgs = lv.rc_args()
     check(lv.H * nl <= 65535, f"a fold launch covers at most 65535 (layer, head) pairs, got {nl} x {lv.H}")
     grid = (triton.cdiv(lv.Dv, BV), lv.H * nl, B)
-    kernel[grid](slots_ptr=slots, counts_ptr=counts, folded_ptr=lv.folded, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs,
-                 rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, seed=lv.seed,
-                 layer=lv.layer, S=lv.num_slots,
+    kernel[grid](slots_ptr=slots, counts_ptr=counts, cursor_ptr=lv.cursor, folded_ptr=lv.folded, ckpt_ptr=lv.ckpt,
+                 rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g,
+                 seed=lv.seed, layer=lv.layer, S=lv.num_slots,
                  H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BKC=BKC, BR=BR,
                  READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant,
-                 INTERPRET=INTERPRET, num_warps=num_warps)
+                 INTERPRET=INTERPRET, WINDOW=lv.window, FROM_ACCEPTED=from_accepted, num_warps=num_warps)
+
+
+# rows per program of the commit's pointer move
+ADVANCE_BLOCK = 128
+
+
+def commit(pool, slots, accepted, kernel, tuning=None) -> None:
+    """A chain commit's device work on the records already at cursor..: the rows whose cursor + accepted
+    drafts reach the window fold them into the checkpoint (+ read copy) of every layer (`kernel`, counting
+    from the cursor itself), then _advance_kernel moves cursor and folded. Two launches, no host sync
+    (the pool's accept_drafts; was ~10 indexing launches around the fold). slots / accepted: as fold's."""
+    lv = LayerViews(pool, 0)
+    slots, accepted, B = _row_tensors(lv, slots, accepted, "accepted")
+    if B == 0:
+        return
+    fold(pool, None, slots, accepted, kernel, tuning, from_accepted=True)
+    _advance_kernel[(triton.cdiv(B, ADVANCE_BLOCK),)](slots, accepted, lv.cursor, lv.folded, B, WINDOW=lv.window,
+                                                     BLOCK=ADVANCE_BLOCK, num_warps=4)

@@ -14,7 +14,7 @@ from .checks import (check, check_block_k, check_block_v, check_flush_block_k, c
                      check_tensor, chunk_k, launch_stages, next_pow2, output_tensor)
 from .constants import DOT_PREC, INTERPRET, RC_NVFP4
 from .drafts import draft_structure, stacked_draft_pass, stacked_halves
-from .fold import _fold_kernel, fold as fold_records, fold_store, fold_tile_store
+from .fold import _fold_kernel, commit as commit_records, fold as fold_records, fold_store, fold_tile_store
 from .layer_views import LayerViews
 from .math_helpers import softplus
 from .quant_tiles import load_state_chunk, state_tile
@@ -409,7 +409,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     """Output-only verify of T Mamba-2 draft tokens per row (x [B, T, H, P], dt [B, T, H],
     B/C [B, T, G, N], z [B, T, H, P] or None; parents [B, T] int32 or None for a chain). Writes the
     draft records at cursor..cursor+T-1 (no state write); returns y [B, T, H, P] in x's dtype.
-    Commit with pool.accept_drafts (its ops.fold). method: "fma" (exact fp32 broadcast products), "mma" (the
+    Commit with pool.accept_drafts (its ops.commit). method: "fma" (exact fp32 broadcast products), "mma" (the
     state-sized products as 3xTF32 tensor-core dots) or None ("mma": 2-3x faster at T = 4..8 on the
     H200). tuning: a KernelTuning (default blocks: tuning.VERIFY_TUNED; stages: the mma launch's
     pipelining, checks.launch_stages; dot_precision: the mma launch's)."""
@@ -474,3 +474,9 @@ def fold(pool, layer, slots, counts, *, tuning=None):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
     in one launch (layer None); counts 0 = no-op (fold.fold with the scalar-decay kernel)."""
     fold_records(pool, layer, slots, counts, _fold_kernel, tuning)
+
+
+def commit(pool, slots, accepted, *, tuning=None):
+    """A chain commit's device work (fold.commit with the scalar-decay fold kernel): rows whose cursor +
+    accepted drafts reach the window fold every layer, then the pointers move."""
+    commit_records(pool, slots, accepted, _fold_kernel, tuning)

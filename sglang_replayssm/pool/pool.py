@@ -270,9 +270,9 @@ class ReplayStatePool:
         """Accept, per slot, ``accepted[i]`` of its pending drafts: the chain prefix, or (tree drafts)
         the nodes ``paths[i]`` from root to leaf. The ring pointer moves; rejected records are simply
         left behind. Rows that reach the window fold their records into the checkpoint:
-        ``ops.fold(pool, None, slots, counts)`` (layer None: every layer) is called once with every
-        accepted row as int32 device tensors, count 0 meaning "leave the row alone" (the Triton fold
-        waits on no device result); then ``ops.roll_conv`` moves the conv states. On CUDA, with a fold
+        ``ops.commit(pool, slots, accepted)`` is called once with every accepted row as int32 device
+        tensors (it folds every layer where cursor + accepted reaches the window and moves the pointers;
+        the Triton commit waits on no device result); then ``ops.roll_conv`` moves the conv states. On CUDA, with a fold
         on the device, a chain commit of up to COMMIT_GRAPH_MAX_BATCH rows replays a CUDA graph of that
         device work (_commit_graphed)."""
         slots = self.check_slots(slots)
@@ -345,7 +345,7 @@ class ReplayStatePool:
         indices go into the graph's input buffer (one copy) and one replay launches the fold, the pointer
         moves and the conv roll, instead of ~15 eager launches (their host time is most of a small batch's
         commit). The first commit of B rows runs eagerly, then captures."""
-        key = (B, id(self.ops.fold))
+        key = (B, id(self.ops.commit))
         hit = self._commit_graphs.get(key)
         if hit:
             graph, static = hit
@@ -380,17 +380,11 @@ class ReplayStatePool:
 
     def _commit_chain(self, buf: torch.Tensor, B: int, N: int) -> None:
         """A commit's device work, from buf = [slots (B) | accepted counts (B) | paths (B x N)] (int32,
-        the accepted records already at cursor..): the pointer moves, rows that reach the window fold
-        (``ops.fold(pool, None, slots, counts)``: every layer, count 0 = untouched), then the conv states
-        roll. No host sync with a fold on the device."""
+        the accepted records already at cursor..): rows that reach the window fold every layer and the
+        pointers move (``ops.commit``: two launches with the kernels), then the conv states roll. No host
+        sync with a fold on the device."""
         rows, acc, nodes = self._commit_indices(buf, B, N)
-        idx = rows.long()
-        new_t = self.cursor[idx].long() + acc
-        flushed = new_t >= self.cfg.window
-        counts = torch.where(flushed, new_t, torch.zeros_like(new_t))
-        self.ops.fold(self, None, rows, counts.to(torch.int32))
-        self.folded[idx] += counts
-        self.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(self.cursor.dtype)
+        self.ops.commit(self, rows, acc)
         self._roll_conv(rows, acc, nodes)
 
     def _commit_snapshots(self, slots: list[int], paths: list[list[int]]) -> None:

@@ -6,7 +6,7 @@ Per value head ``h`` (k-head ``h // (H // Hk)``), with q, k L2-normalized and q 
     S' = alpha * S;   d = beta * (v - S' k);   S = S' + d k^T;   o = S q      S: [V, K]
 
 ReplaySSM record per token: ``d [H, V]``, ``k [Hk, K]``, ``g [H]``.
-``decode``, ``verify``, ``conventional_decode`` and ``fold`` have the signatures of ``kernels.gdn``'s.
+``decode``, ``verify``, ``conventional_decode``, ``fold`` and ``commit`` have the signatures of ``kernels.gdn``'s.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None)
 
 
 fold = replay.fold
+commit = replay.commit
 
 
 def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None):

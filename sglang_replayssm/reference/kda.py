@@ -17,4 +17,5 @@ conventional_decode = gdn.conventional_decode
 decode = gdn.decode
 verify = gdn.verify
 fold = gdn.fold
+commit = gdn.commit
 prep = gdn.prep

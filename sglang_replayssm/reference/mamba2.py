@@ -7,7 +7,7 @@ Per head ``h`` (group ``h // (H // G)``)::
     y  = S C + D * x                   (then y * silu(z) when z is given)
 
 ReplaySSM record per token: ``u = dt * x [H, P]``, ``B [G, N]``, ``g = dt * A [H]``.
-``decode``, ``verify``, ``conventional_decode`` and ``fold`` have the signatures of ``kernels.mamba2``'s.
+``decode``, ``verify``, ``conventional_decode``, ``fold`` and ``commit`` have the signatures of ``kernels.mamba2``'s.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None):
 
 
 fold = replay.fold
+commit = replay.commit
 
 
 def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None):

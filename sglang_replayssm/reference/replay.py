@@ -99,6 +99,20 @@ def fold(pool, layer: int | None, slots, counts) -> None:
         fold_rows(pool, lay, [s for s, _ in rows], [n for _, n in rows])
 
 
+def commit(pool, slots: torch.Tensor, accepted: torch.Tensor) -> None:
+    """The kernels' ``commit`` signature: a chain commit's device work on the records already at cursor..
+    (``slots``, ``accepted``: int32 tensors [B] of distinct slots). Rows whose cursor + accepted reaches the
+    window fold those records into every layer's checkpoint; then cursor += accepted, or 0 with folded +=
+    the folded count for a folding row."""
+    idx = slots.long()
+    new_t = pool.cursor[idx].long() + accepted
+    flushed = new_t >= pool.cfg.window
+    counts = torch.where(flushed, new_t, torch.zeros_like(new_t))
+    fold(pool, None, slots, counts.to(torch.int32))
+    pool.folded[idx] += counts
+    pool.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(pool.cursor.dtype)
+
+
 def _write_record(pool, layer: int, slot: int, pos: int, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> None:
     pool.rec_d[layer, slot, pos] = d.to(pool.rec_d.dtype)
     pool.rec_k[layer, slot, pos] = k.to(pool.rec_k.dtype)

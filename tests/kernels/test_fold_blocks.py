@@ -91,3 +91,45 @@ def test_fold_every_layer_in_one_launch(family, read_copy):
     assert torch.equal(pk.ckpt[:, 4], before[:, 4]) and not torch.equal(pk.ckpt[2, 1], before[2, 1])
     if read_copy == "fp8":
         close(pk.rc.float() * pk.rc_scale[..., None], pr.rc.float() * pr.rc_scale[..., None], rtol=0.07, atol=1e-3)
+
+
+@pytest.mark.parametrize("family,read_copy,ckpt", [
+    ("gdn", "none", "fp32"), ("gdn", "fp8", "fp32"), ("mamba2", "none", "fp16-sr"), ("kda", "fp8", "fp32")])
+def test_commit_matches_the_reference(family, read_copy, ckpt):
+    """The kernels' whole commit (the fold counting from the cursor, then the pointer move) against the
+    reference's: rows that reach the window exactly, pass it, stay short, accept nothing, and a padding row
+    (slot 0, 0 accepted); every layer folds, cursors and fold counters move alike, other slots untouched."""
+    from sglang_replayssm.reference import kda as rkda
+    from .helpers import assert_untouched, snapshot
+
+    g = torch.Generator().manual_seed(12)
+    pk = make_pool(family, read_copy=read_copy, ckpt=ckpt, gen=g, max_drafts=4)   # window 4
+    pk.cursor[1:6] = torch.tensor([3, 2, 1, 0, 2], dtype=torch.int32, device=DEV)
+    pr = clone_pool(pk)
+    before = snapshot(pk)
+    slots = torch.tensor([1, 2, 3, 4, 5, 0], dtype=torch.int32, device=DEV)
+    acc = torch.tensor([1, 4, 2, 0, 1, 0], dtype=torch.int32, device=DEV)   # 4 (exact), 6 (past), 3, 0, 3, pad
+    KERNELS[family].commit(pk, slots, acc)
+    {"gdn": rgdn, "mamba2": rm2, "kda": rkda}[family].commit(pr, slots, acc)
+    assert pk.cursor[1:6].tolist() == [0, 0, 3, 0, 3] and torch.equal(pk.cursor, pr.cursor)
+    assert (pk.folded - before["folded"])[1:6].tolist() == [4, 6, 0, 0, 0] and torch.equal(pk.folded, pr.folded)
+    if ckpt == "fp16-sr":   # stochastic rounding from the same counters: equal but for ties of the last bit
+        assert (pk.ckpt == pr.ckpt).float().mean().item() > 0.99
+        close(pk.ckpt, pr.ckpt, rtol=2e-3, atol=2e-3)
+    else:
+        close(pk.ckpt, pr.ckpt, rtol=5e-4, atol=5e-5)
+    assert not torch.equal(pk.ckpt[:, 1], before["ckpt"][:, 1]) and not torch.equal(pk.ckpt[:, 2], before["ckpt"][:, 2])
+    for s in (0, 3, 4, 5):   # short of the window, nothing accepted, padding: no fold
+        assert torch.equal(pk.ckpt[:, s].view(torch.uint8), before["ckpt"][:, s].view(torch.uint8)), s
+    if read_copy == "fp8":
+        close(pk.rc.float() * pk.rc_scale[..., None], pr.rc.float() * pr.rc_scale[..., None], rtol=0.07, atol=1e-3)
+    assert_untouched(before, pk, [1, 2, 3, 4, 5])
+
+
+def test_commit_refuses_bad_rows():
+    pk = make_pool("gdn", gen=torch.Generator().manual_seed(1))
+    slots = torch.tensor([1, 2], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="accepted"):
+        kgdn.commit(pk, slots, torch.tensor([1], dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match="accepted"):
+        kgdn.commit(pk, slots, torch.tensor([1, 1], dtype=torch.int64, device=DEV))

@@ -9,7 +9,7 @@ import triton.language as tl
 from ..checks import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
                       output_tensor)
 from ..constants import INTERPRET, RC_NVFP4
-from ..fold import _fold_kernel, fold as fold_records, fold_store, fold_tile_store
+from ..fold import _fold_kernel, commit as commit_records, fold as fold_records, fold_store, fold_tile_store
 from ..layer_views import LayerViews
 from ..quant_tiles import state_tile
 from ..replay import flush_tiles, load_records, record_key_products, replay_pass, ring_program, ring_row
@@ -300,3 +300,9 @@ def fold(pool, layer, slots, counts, *, tuning=None):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
     in one launch (layer None); counts 0 = no-op (fold.fold with the scalar-decay kernel)."""
     fold_records(pool, layer, slots, counts, _fold_kernel, tuning)
+
+
+def commit(pool, slots, accepted, *, tuning=None):
+    """A chain commit's device work (fold.commit with the scalar-decay fold kernel): rows whose cursor +
+    accepted drafts reach the window fold every layer, then the pointers move."""
+    commit_records(pool, slots, accepted, _fold_kernel, tuning)

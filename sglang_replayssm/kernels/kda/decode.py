@@ -9,7 +9,7 @@ import triton.language as tl
 from ..checks import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
                       output_tensor)
 from ..constants import FOLD_PREC, INTERPRET, RC_NVFP4
-from ..fold import fold as fold_records, fold_layer_head
+from ..fold import commit as commit_records, fold as fold_records, fold_count, fold_layer_head
 from ..layer_views import LayerViews
 from ..math_helpers import softplus
 from ..quant_tiles import load_state_chunk, read_copy_scales, store_state_chunk
@@ -228,21 +228,23 @@ def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
-def _kda_fold_kernel(slots_ptr, counts_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+def _kda_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
                      recd_ptr, reck_ptr, recg_ptr, seed, layer, S,
                      H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                      READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                     INTERPRET: tl.constexpr):
+                     INTERPRET: tl.constexpr, WINDOW: tl.constexpr, FROM_ACCEPTED: tl.constexpr):
     """fold._fold_kernel for KDA's per-channel decays (one layer or several: fold.fold_layer_head;
-    S: the pool's slots)."""
+    S: the pool's slots; FROM_ACCEPTED: a commit's accepted drafts, fold.fold_count)."""
     i_v = tl.program_id(0)
     i_b = tl.program_id(2)
     layer, i_h, l = fold_layer_head(layer, H)
     cnt = tl.load(counts_ptr + i_b)
+    row = tl.load(slots_ptr + i_b).to(tl.int64)
+    if FROM_ACCEPTED:
+        cnt = fold_count(cursor_ptr, row, cnt, WINDOW)
     if cnt > 0:
         i_hk = i_h // (H // HK)
-        row = tl.load(slots_ptr + i_b).to(tl.int64)
         stream = tl.load(folded_ptr + row) + cnt
         slot = row + l * S                   # in the first layer's views (fold.fold_layer_head)
         o_v = i_v * BV + tl.arange(0, BV)
@@ -376,3 +378,9 @@ def fold(pool, layer, slots, counts, *, tuning=None):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
     in one launch (layer None); counts 0 = no-op (fold.fold with the per-channel-decay kernel)."""
     fold_records(pool, layer, slots, counts, _kda_fold_kernel, tuning)
+
+
+def commit(pool, slots, accepted, *, tuning=None):
+    """A chain commit's device work (fold.commit with the per-channel-decay fold kernel): rows whose cursor +
+    accepted drafts reach the window fold every layer, then the pointers move."""
+    commit_records(pool, slots, accepted, _kda_fold_kernel, tuning)

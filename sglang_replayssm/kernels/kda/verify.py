@@ -216,7 +216,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
            tuning=None):
     """Output-only verify of T KDA draft tokens per row (q/k [B, T, Hk, Dk], v [B, T, H, Dv],
     a [B, T, H, Dk], b [B, T, H]; parents [B, T] int32 or None for a chain). Writes the draft records
-    at cursor..cursor+T-1 (no state write); returns out [B, T, H, Dv]. Commit: pool.accept_drafts (its ops.fold).
+    at cursor..cursor+T-1 (no state write); returns out [B, T, H, Dv]. Commit: pool.accept_drafts (its ops.commit).
     method: "fma" (exact fp32 broadcast products), "mma" (the state-sized products as 3xTF32
     tensor-core dots; the draft x draft products stay broadcast sums) or None ("mma": 5-8x faster at T = 4..8
     on the H200). tuning: a KernelTuning (default blocks: tuning.VERIFY_TUNED; stages: the mma launch's
