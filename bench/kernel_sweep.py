@@ -19,9 +19,10 @@ def _configs(spec):
 
 def sweep(args):
     """Block-size / warp sweep at one batch size: decode over a full window (flushes included) with
-    an fp32 checkpoint and with an fp8 read copy (skipped with --sweep-decode ""), verify of T = 4 / 8
-    chain drafts alone (no commit fold), and the commit fold after a T = 8 verify with every draft
-    accepted (--sweep-fold), each config a CUDA graph of L steps. Picks the configs for the defaults."""
+    an fp32 checkpoint and with an fp8 read copy (skipped with --sweep-decode ""), verify of T chain drafts
+    alone (no commit fold; T from --sweep-verify-T, default 4 and 8), and the commit fold after a verify of
+    the largest T with every draft accepted (--sweep-fold), each config a CUDA graph of L steps. Picks the
+    configs for the defaults."""
     dev = torch.cuda.get_device_properties(0)
     RESULTS["meta"] = dict(device=dev.name, torch=torch.__version__, triton=triton.__version__, window=L, cursors=args.cursors,
                            command="python bench/kernels.py " + " ".join(sys.argv[1:]), kind="sweep",
@@ -61,7 +62,8 @@ def sweep(args):
         base = torch.zeros(B + 1, dtype=torch.int32, device=DEV)
         base[slots.long()] = (torch.randperm(B, device=DEV) % L).int()
         E = geo["H"] * geo["Dv"] * geo["Dk"]
-        for T in (4, 8):
+        Ts = [int(t) for t in args.sweep_verify_T.split(",")]
+        for T in Ts:
             inp_t = make_inputs(geo, B, T=T)
             nb = B * (E * 4 + 0.5 * (L - 1) * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
             for method in verify_methods(geo, args.sweep_verify_methods):
@@ -81,7 +83,8 @@ def sweep(args):
                            ms=ms, GBps=nb / ms / 1e6 if ms else None,
                            note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else ""))
                 save()
-        cur = base[slots.long()] + 8
+        Tf = max(Ts)
+        cur = base[slots.long()] + Tf
         counts = torch.where(cur >= L, cur, torch.zeros_like(cur)).int()
         nf = int((counts > 0).sum())
         nb = nf * (E * 8 + 12 * (geo["H"] * geo["Dv"] + geo["Hk"] * geo["Dk"]) * 4)
@@ -91,7 +94,7 @@ def sweep(args):
             def f(bv=bv, bk=bk, nw=nw, pool=pool):
                 mod.fold(pool, 0, slots, counts, tuning=KernelTuning(block_v=bv, block_k=bk or None, num_warps=nw))
             ms = timed(bench_graph, [f] * L, 60)
-            record(geo=geo["name"], B=B, kernel="sweep_fold_T8", config=list(cfg), ms=ms,
+            record(geo=geo["name"], B=B, kernel=f"sweep_fold_T{Tf}", config=list(cfg), ms=ms,
                    GBps=nb / ms / 1e6 if ms else None, note="bv{}_bk{}_w{}".format(*cfg) + f" ({nf} rows fold)")
         save()
         del pool

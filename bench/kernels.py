@@ -54,6 +54,8 @@ def main():
                     help="decode methods to sweep, comma-separated (fused, split)")
     ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
                     "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS[xSTAGES] (STAGES: mma launches only)")
+    ap.add_argument("--sweep-verify-T", default="4,8",
+                    help="draft counts of the verify sweep, comma-separated (the fold sweep commits the largest)")
     ap.add_argument("--sweep-verify-methods", default=None,
                     help="verify methods to sweep, comma-separated (default: fma,mma,split for GDN, fma,mma for "
                          "Mamba-2 and KDA)")
@@ -63,8 +65,8 @@ def main():
     ap.add_argument("--sweep-read-copies", default="none,fp8",
                     help="decode sweep read copies, comma-separated: none (the fp32 checkpoint) and/or fp8")
     ap.add_argument("--sweep-fold", default="",
-                    help="commit fold configs BVxBKxWARPS (the fold after a verify of T = 8 with every draft "
-                         "accepted: half the rows fold)")
+                    help="commit fold configs BVxBKxWARPS (the fold after a verify of the sweep's largest T with "
+                         "every draft accepted: at T = 8 half the rows fold)")
     args = ap.parse_args()
     bad = [m for m in args.sweep_decode_methods.split(",") if m not in ("fused", "split")]
     if bad:

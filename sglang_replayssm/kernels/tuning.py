@@ -103,6 +103,38 @@ VERIFY_TUNED = {
 }
 
 
+# Programs an SM holds at once (Hopper's resident-block limit): a grid of one-warp programs up to SMs x this
+# runs in one wave.
+RESIDENT_PROGRAMS_PER_SM = 32
+
+
+class OneWaveBlockK(NamedTuple):
+    """A verify method's column chunk when its grid runs in one wave (block_k given: that one)."""
+    block_k: int
+    reason: str
+
+
+# GDN's tensor-core verify over a grid that fits one wave: each program's state pass is then its whole
+# latency, and 32-column chunks halve its dependent loads; a larger grid keeps VERIFY_TUNED's 16 columns
+# (more programs resident per SM). H200, 2026-12-02 13:24 (bench/results/verify_block_k_s11.json): 16/32 heads
+# at B 64 (4096 programs) T 2 / 4 / 8: 0.0671 -> 0.0612, 0.0719 -> 0.0677, 0.0831 -> 0.0793 ms; 16/64 at B 64
+# (8192 programs) and every geometry at B 256 / 512: 16 columns as fast or up to 10 % faster.
+ONE_WAVE_BLOCK_K = {("gdn", "mma"): OneWaveBlockK(32, "one wave: half the state pass's dependent loads")}
+
+
+def verify_block_k(family: str, method: str, programs: int, Dk: int, sms: int,
+                   tuning: KernelTuning = DEFAULT_TUNING) -> int:
+    """A verify launch's column chunk: tuning.block_k if given, else ONE_WAVE_BLOCK_K's where the launch's
+    `programs` fit one wave of `sms` SMs (num_warps <= 1), else 16 (a power of 2 dividing head_k_dim)."""
+    given = check_block_k(tuning.block_k, Dk)
+    if given:
+        return given
+    wave = ONE_WAVE_BLOCK_K.get((family, method))
+    if wave is not None and (tuning.num_warps or 1) == 1 and programs <= sms * RESIDENT_PROGRAMS_PER_SM:
+        return chunk_k(Dk, min(wave.block_k, Dk))
+    return chunk_k(Dk, 16)
+
+
 def verify_methods(family: str) -> list[str]:
     """The verify methods a family's wrapper has (VERIFY_TUNED's keys): fma, mma, and split for GDN."""
     return [m for f, m in VERIFY_TUNED if f == family]

@@ -18,11 +18,11 @@ and length only (no sync, fixed at CUDA-graph capture); NSPLIT = 1 is the single
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from ..device_info import sm_count
 
 NEG = tl.constexpr(-1.0e30)   # a global a kernel reads must be a constexpr (compiled Triton refuses others)
 # the NSPLIT heuristic (default_num_splits; bench/attention.py measured it on an H200)
@@ -124,20 +124,13 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132   # an H200's, so that CPU runs (TRITON_INTERPRET) take the same decisions
-
-
 def default_num_splits(B: int, Hkv: int, length: int, device: torch.device) -> int:
     """Splits per (sequence, KV head) from the shapes only: split only while the B * Hkv programs are
     at most half the SMs, into about one program per SM, chunks of at least MIN_CHUNK keys, at most
     MAX_SPLITS. (On an H200 at 512-2048 keys, the single pass already reads the KV at 3.2-4.4 TB/s from
     B * Hkv = 128 programs up, and the extra combine pass and scratch traffic then cost more than the
     split wins: 0.8-1.0x. Below it, 4-32 programs, splitting gives 1.5-2.7x.)"""
-    return max(1, min(_sm_count(device) // (B * Hkv), length // MIN_CHUNK, MAX_SPLITS))
+    return max(1, min(sm_count(device) // (B * Hkv), length // MIN_CHUNK, MAX_SPLITS))
 
 
 def _split_partials(q, k_cache, v_cache, slots, qpos, length: int, scale: float, chunk: int, ns: int):

@@ -240,9 +240,11 @@ def cases(geos, batch, quick=False):
             inp_t = make_inputs(geo, batch, T=T)
             for method in verify_methods(geo["family"]):
                 kw = {"method": method}
-                cfgs = ((32, 16, 4),) + (() if quick or method != "mma" else MMA_VERIFY_CONFIGS)
-                for bv, bk, nw in cfgs:
-                    yield name, f"verify T{T} {method} bv{bv} bk{bk} w{nw}", \
+                cfgs = [("", c) for c in ((32, 16, 4),) + (() if quick or method != "mma" else MMA_VERIFY_CONFIGS)]
+                if method == "mma" and geo["family"] == "gdn":   # the one-wave grid's blocks (tuning.ONE_WAVE_BLOCK_K)
+                    cfgs.append((" one-wave", (64, 32, 1)))
+                for tag, (bv, bk, nw) in cfgs:
+                    yield name, f"verify T{T} {method}{tag} bv{bv} bk{bk} w{nw}", \
                         lambda mod=mod, pool=pool, inp_t=inp_t, kw=kw, bv=bv, bk=bk, nw=nw: \
                         mod.verify(pool, 0, slots, **inp_t, **kw,
                                    tuning=KernelTuning(block_v=bv, block_k=min(bk, geo["Dk"]), num_warps=nw))

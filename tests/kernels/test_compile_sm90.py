@@ -39,7 +39,11 @@ STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8, ("_kda_fold_kernel", "fold n
                  ("_m2_decode_kernel", "decode fp8 split defaults"): 200,
                  ("_gdn_decode_kernel", "decode fp8 split defaults"): 224,
                  ("_kda_decode_kernel", "decode fp32 split defaults"): 144,
-                 ("_kda_decode_kernel", "decode fp8 split defaults"): 112}
+                 ("_kda_decode_kernel", "decode fp8 split defaults"): 112,
+                 # GDN's tensor-core verify in 32-column chunks, the library's choice for a one-wave grid
+                 # (tuning.ONE_WAVE_BLOCK_K): its finish's registers spill (376 bytes here), and it measured 5-9 %
+                 # faster than the spill-free 16-column chunks there (H200, bench/results/verify_block_k_s11.json)
+                 ("_gdn_verify_mma_kernel", "verify T4 mma one-wave"): 376}
 
 
 def test_every_kernel_compiles_for_sm90_without_spills(tmp_path):

@@ -186,3 +186,17 @@ def test_a_flush_list_built_once_serves_every_layer_of_a_step():
         kgdn.decode(pk, 0, slots, **x, **par, method="split", flush_list=(rows[:3], count))
     with pytest.raises(ValueError, match="flush_list count must have dtype"):
         kgdn.decode(pk, 0, slots, **x, **par, method="split", flush_list=(rows, count.long()))
+
+
+def test_verify_block_k_takes_32_columns_only_for_a_one_wave_grid():
+    """GDN's tensor-core verify reads 32-column chunks where its one-warp programs fit one wave (B 64 of
+    Qwen3.5-4B's 32 heads, 2 value blocks: 4096 <= 132 x 32), else 16; a given block_k or more warps win."""
+    none = tuning.KernelTuning()
+    assert tuning.verify_block_k("gdn", "mma", 64 * 32 * 2, 128, 132, none) == 32
+    assert tuning.verify_block_k("gdn", "mma", 64 * 64 * 2, 128, 132, none) == 16     # 16/64 heads: two waves
+    assert tuning.verify_block_k("gdn", "mma", 256 * 32 * 2, 128, 132, none) == 16
+    assert tuning.verify_block_k("gdn", "fma", 64 * 32 * 2, 128, 132, none) == 16     # measured for mma only
+    assert tuning.verify_block_k("mamba2", "mma", 64, 128, 132, none) == 16
+    assert tuning.verify_block_k("gdn", "mma", 64, 16, 132, none) == 16                # head_k_dim 16
+    assert tuning.verify_block_k("gdn", "mma", 64, 128, 132, tuning.KernelTuning(block_k=64)) == 64
+    assert tuning.verify_block_k("gdn", "mma", 64, 128, 132, tuning.KernelTuning(num_warps=2)) == 16

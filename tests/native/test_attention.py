@@ -141,7 +141,7 @@ def test_invalid_num_splits_and_zero_length():
 def test_default_num_splits():
     from sglang_replayssm.native import attention as A
     cpu = torch.device("cpu")
-    assert A._sm_count(cpu) == 132
+    assert A.sm_count(cpu) == 132
     assert A.default_num_splits(256, 4, 512, cpu) == 1                          # Qwen3.5-4B at B = 256
     assert A.default_num_splits(33, 4, 4096, cpu) == 1                          # 132 programs already
     assert A.default_num_splits(8, 4, 512, cpu) == 4                            # 32 programs: 132 // 32

@@ -5,14 +5,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check, check_block_k, check_slots, check_tensor, chunk_k, launch_stages, next_pow2, output_tensor
+from ...device_info import sm_count
+from ..checks import check, check_slots, check_tensor, launch_stages, next_pow2, output_tensor
 from ..drafts import (delta_solve, draft_chunk, draft_inv_norms, draft_structure, gram_update, stacked_draft_pass,
                       stacked_halves, store_draft_d)
 from ..layer_views import LayerViews
 from ..quant_tiles import load_state_chunk
 from ..replay import load_records, ring_program
 from ..constants import DOT_PREC
-from ..tuning import check_tuning, verify_plan
+from ..tuning import check_tuning, verify_block_k, verify_plan
 from .token import _check_inputs, _gdn_gate, L2_EPS
 
 
@@ -244,9 +245,10 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
         return out
     method, BV, num_warps = verify_plan("gdn", method, tuning)
     nst = launch_stages(tuning.stages)
-    BKC, BR = check_block_k(tuning.block_k, Dk) or chunk_k(Dk, 16), max(16, next_pow2(lv.window))
-    rc, rs, rgs = lv.rc_args()
     grid = (triton.cdiv(Dv, BV), H, B)
+    BKC = verify_block_k("gdn", method, grid[0] * H * B, Dk, sm_count(lv.device), tuning)
+    BR = max(16, next_pow2(lv.window))
+    rc, rs, rgs = lv.rc_args()
     # the drafts' inputs, the output, the rows and the layer's state (the same for every method)
     args = dict(q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
                 par_ptr=parents if parents is not None else slots, out_ptr=out, slots_ptr=slots, cursor_ptr=lv.cursor,
