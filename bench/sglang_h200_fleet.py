@@ -85,7 +85,8 @@ def _cell(ms: dict[int, dict], metric: str, fmt: str) -> str:
 def table(data: dict) -> str:
     """One markdown row per (call, server, concurrency); a row measured in several rounds shows each round's value
     (round 1 / round 2 ...)."""
-    lines = ["| call | server | concurrency | output tok/s | median ITL ms | p99 ITL ms | median TPOT ms | accept length |",
+    lines = ["| call | server | concurrency | output tok/s | median ITL ms | p99 ITL ms | median TPOT ms "
+             "| accept length |",
              "|---|---|---|---|---|---|---|---|"]
     for label, call in data.items():
         order = list(call["servers"])

@@ -112,7 +112,8 @@ def test_conventional_decode():
 
 @pytest.mark.parametrize("tree,read_copy,method,dk", [
     (False, "none", "fma", None), (True, "none", "fma", None), (False, "fp8", "fma", None), (True, "nvfp4", "fma", None),
-    (True, "fp8", "mma", None), (False, "none", "mma", 32), (True, "none", "mma", 64),   # one-wave grids: 32-column chunks (1 / 2)
+    # Dk 32 / 64 with the mma launch: one-wave grids, so 32-column chunks (1 / 2 of them)
+    (True, "fp8", "mma", None), (False, "none", "mma", 32), (True, "none", "mma", 64),
     (False, "none", "split", None), (True, "fp8", "split", None)])
 def test_verify_then_commit(tree, read_copy, method, dk):
     g = torch.Generator().manual_seed(4 + tree)

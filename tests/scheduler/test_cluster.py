@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import uuid
@@ -35,11 +36,21 @@ async def _wait_idle(client, timeout=30.0):
     raise AssertionError(f"replicas did not become idle: {busy}")
 
 
+async def _per_replica(client, name) -> dict[str, float]:
+    """{replica: value} of a metric the router exports with a replica label (its own, or an engine's
+    re-exported), summed over the metric's other labels."""
+    text = (await client.get("/metrics")).text
+    out = {}
+    for key, v in metric_values(text, name).items():
+        m = re.search(r'replica="([^"]+)"', key)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out
+
+
 async def _inflight(client) -> dict[str, float]:
     """{replica: requests the router counts in flight there} (what its routing decisions use)."""
-    text = (await client.get("/metrics")).text
-    return {re.search(r'replica="([^"]+)"', k).group(1): v
-            for k, v in metric_values(text, "replayssm_router_replica_inflight").items()}
+    return await _per_replica(client, "replayssm_router_replica_inflight")
 
 
 async def _send(client, body, path="/v1/completions", timeout=30.0) -> tuple[Stream, str]:
@@ -56,17 +67,6 @@ async def _send(client, body, path="/v1/completions", timeout=30.0) -> tuple[Str
         assert not stream.task.done(), stream.task.result()
         assert time.monotonic() < deadline, f"not routed in {timeout} s: {now}"
         await asyncio.sleep(0.05)
-
-
-async def _engine_counter(client, name):
-    """{replica: value} of an engine metric, as re-exported by the router."""
-    text = (await client.get("/metrics")).text
-    out = {}
-    for key, v in metric_values(text, name).items():
-        m = re.search(r'replica="([^"]+)"', key)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + v
-    return out
 
 
 def _run(coro):
@@ -136,7 +136,7 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
                 assert r0["replica"] == b and r0["route"] == "pack"
             await l2.until_started()
             assert l1.replica == l2.replica == a and l1.route == l2.route == "pack"
-            hits_before = await _engine_counter(c, "replayssm:prefix_cache_hits_total")
+            hits_before = await _per_replica(c, "replayssm:prefix_cache_hits_total")
             # 3. requests extending it follow it to B (prefix hits), where the engine starts them from
             #    its cached prompt-prefix state instead of prefilling the shared part again
             for q in ("question one", "question two"):
@@ -144,7 +144,7 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
                 assert (r["replica"], r["route"]) == (b, "prefix_hit")
             deadline = time.monotonic() + 10
             while True:
-                hits = await _engine_counter(c, "replayssm:prefix_cache_hits_total")
+                hits = await _per_replica(c, "replayssm:prefix_cache_hits_total")
                 if hits.get(b, 0) - hits_before.get(b, 0) >= 2 or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
@@ -276,16 +276,12 @@ class Frozen:
         self.stopped = False
 
     def stop(self):
-        import signal
-
         for g in self.groups:
             os.killpg(g, signal.SIGSTOP)
         self.stopped = True
         return self
 
     def resume(self):
-        import signal
-
         if self.stopped:
             self.stopped = False
             for g in self.groups:
@@ -319,6 +315,9 @@ class StoppedEngines(dict):
         return self
 
     def __exit__(self, *exc):
+        self.resume_all()
+
+    def resume_all(self):
         for f in self.values():
             f.resume()
 
@@ -331,15 +330,13 @@ async def _stop_engines(client) -> StoppedEngines:
         for r in replicas:
             engines[r] = Frozen(r).stop()
     except BaseException:
-        engines.__exit__()
+        engines.resume_all()
         raise
     return engines
 
 
 def _kill_engine(replica_uid):
     """SIGKILL the engine process group of one replica (the replica actor itself stays)."""
-    import signal
-
     for g in _engine_groups(replica_uid):
         os.killpg(g, signal.SIGKILL)
 
@@ -390,7 +387,7 @@ async def _spread_over_two(c, engines, bodies, attempts=3):
             return streams
         for s in streams:
             await s.cancel()
-        engines.__exit__()
+        engines.resume_all()
         await _wait_idle(c)
         for f in engines.values():
             f.stop()

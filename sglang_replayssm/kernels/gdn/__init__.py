@@ -1,5 +1,6 @@
 """Gated DeltaNet (GDN) ReplaySSM kernels: decode (non-flush + flush rows in one launch),
-output-only verify (chain + tree), commit fold (and the whole commit: fold + pointer move), and the conventional decode baseline.
+output-only verify (chain + tree), commit fold (and the whole commit: fold + pointer move), and the
+conventional decode baseline.
 
 Layout and math: docs/layout.md. Per value head h (k-head h // (H // Hk)):
   g = -exp(A_log) softplus(a + dt_bias), alpha = exp(g), beta = sigmoid(b),

@@ -222,7 +222,8 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
            tuning=None):
     """Output-only verify of T draft tokens per row (q [B, T, Hk, Dk], ...; parents [B, T] int32
     or None for a chain). Writes the draft records at cursor..cursor+T-1 (no state write);
-    returns out [B, T, H, Dv]. Commit with pool.accept_drafts (which folds and moves the pointers through its ops.commit).
+    returns out [B, T, H, Dv]. Commit with pool.accept_drafts (which folds and moves the pointers through its
+    ops.commit).
     method: "fma" (exact fp32 broadcast products), "mma" (the state products as 3xTF32 tensor-core
     dots), "split" (draft/record products once per (row, k-head) first) or None: "mma" (the fastest at
     every T = 1..8 on the H200). tuning: a KernelTuning (block_v, block_k, num_warps; default blocks:
