@@ -95,8 +95,8 @@ def count_kernels(names, command: str) -> dict:
             return run_orig(self, *a, **kw)
 
     InterpretedFunction.run = run_marked
-    res = {"command": command, "torch": torch.__version__,
-           "note": "CPU count of launches per forward (structure only; not a timing); SSM kernels stubbed", "models": {}}
+    res = {"command": command, "torch": torch.__version__, "models": {},
+           "note": "CPU count of launches per forward (structure only; not a timing); SSM kernels stubbed"}
     try:
         for name in names:
             cfg = tiny_copy(model_config(name))
@@ -132,7 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=["nemotron-3-nano-4b", "qwen3.5-4b"])
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e_kernel_counts.json"))
     args = p.parse_args(argv)
-    res = count_kernels(args.models, "python bench/e2e_kernel_counts.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    command = "python bench/e2e_kernel_counts.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    res = count_kernels(args.models, command)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

@@ -118,7 +118,8 @@ class OneWaveBlockK(NamedTuple):
 # latency, and 32-column chunks halve its dependent loads; a larger grid keeps VERIFY_TUNED's 16 columns
 # (more programs resident per SM). H200, 2026-12-02 13:24 (bench/results/verify_block_k_s11.json): 16/32 heads
 # at B 64 (4096 programs) T 2 / 4 / 8: 0.0671 -> 0.0612, 0.0719 -> 0.0677, 0.0831 -> 0.0793 ms; 16/64 at B 64
-# (8192 programs) and every geometry at B 256 / 512: 16 columns as fast or up to 10 % faster.
+# (8192 programs) and every geometry at B 256 / 512: 16 columns as fast or up to 13 % faster (one exception,
+# 16/64 at B 512 T 8: 4 % slower).
 ONE_WAVE_BLOCK_K = {("gdn", "mma"): OneWaveBlockK(32, "one wave: half the state pass's dependent loads")}
 
 

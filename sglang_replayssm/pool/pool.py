@@ -272,9 +272,9 @@ class ReplayStatePool:
         left behind. Rows that reach the window fold their records into the checkpoint:
         ``ops.commit(pool, slots, accepted)`` is called once with every accepted row as int32 device
         tensors (it folds every layer where cursor + accepted reaches the window and moves the pointers;
-        the Triton commit waits on no device result); then ``ops.roll_conv`` moves the conv states. On CUDA, with a fold
-        on the device, a chain commit of up to COMMIT_GRAPH_MAX_BATCH rows replays a CUDA graph of that
-        device work (_commit_graphed)."""
+        the Triton commit waits on no device result); then ``ops.roll_conv`` moves the conv states. On
+        CUDA, with a fold on the device, a chain commit of up to COMMIT_GRAPH_MAX_BATCH rows replays a
+        CUDA graph of that device work (_commit_graphed)."""
         slots = self.check_slots(slots)
         accepted = [int(a) for a in accepted]
         if len(accepted) != len(slots) or (paths is not None and len(paths) != len(slots)):
