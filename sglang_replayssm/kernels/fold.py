@@ -204,22 +204,27 @@ def _row_tensors(lv: LayerViews, slots, counts, name: str) -> tuple[torch.Tensor
     return slots, counts, B
 
 
-def fold(pool, layer: int | None, slots, counts, kernel, tuning=None, *, from_accepted: bool = False) -> None:
+def fold(pool, layer: int | None, slots, counts, kernel, tuning=None) -> None:
     """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place, of one layer
     or (layer None) of every layer of the pool in one launch, with the family's fold kernel (`_fold_kernel`
     here for the scalar-decay families, kda's `_kda_fold_kernel`).
 
     slots / counts: int32 tensors [B] on the pool's device, or sequences of ints. Rows with
-    counts[b] == 0 are untouched. Does not move cursor/folded (the pool does). from_accepted: counts are
-    a commit's accepted drafts, and a row folds cursor + accepted records where they reach the window (commit).
+    counts[b] == 0 are untouched. Does not move cursor/folded (the pool does; commit below does both).
     tuning: a KernelTuning (block_v, block_k, num_warps; FOLD_TUNED where none is given)."""
     tuning = check_tuning(tuning)
-    block_v, block_k, num_warps = tuning.block_v, tuning.block_k, tuning.num_warps
     lv = LayerViews(pool, 0 if layer is None else layer)
+    slots, counts, B = _row_tensors(lv, slots, counts, "counts")
+    if B > 0:
+        _launch_fold(pool, lv, layer, slots, counts, B, kernel, tuning, from_accepted=False)
+
+
+def _launch_fold(pool, lv: LayerViews, layer: int | None, slots, counts, B: int, kernel, tuning,
+                 from_accepted: bool) -> None:
+    """The fold launch over checked rows and tuning (fold, commit). from_accepted: counts are a commit's accepted
+    drafts, and a row folds cursor + accepted records where they reach the window (fold_count)."""
+    block_v, block_k, num_warps = tuning.block_v, tuning.block_k, tuning.num_warps
     nl = int(pool.ckpt.shape[0]) if layer is None else 1
-    slots, counts, B = _row_tensors(lv, slots, counts, "accepted" if from_accepted else "counts")
-    if B == 0:
-        return
     check_block_k(block_k, lv.Dk)
     if block_v is None and block_k is None and num_warps is None:
         block_v, block_k, num_warps, _why = FOLD_TUNED[lv.family]
@@ -252,6 +257,6 @@ def commit(pool, slots, accepted, kernel, tuning=None) -> None:
     slots, accepted, B = _row_tensors(lv, slots, accepted, "accepted")
     if B == 0:
         return
-    fold(pool, None, slots, accepted, kernel, tuning, from_accepted=True)
+    _launch_fold(pool, lv, None, slots, accepted, B, kernel, check_tuning(tuning), from_accepted=True)
     _advance_kernel[(triton.cdiv(B, ADVANCE_BLOCK),)](slots, accepted, lv.cursor, lv.folded, B, WINDOW=lv.window,
                                                      BLOCK=ADVANCE_BLOCK, num_warps=4)
