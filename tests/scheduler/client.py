@@ -63,7 +63,7 @@ class Stream:
     /v1/chat/completions) running in the background;
     ``started`` once its first data line arrived (the router sends its headers, ``replica`` and
     ``route``, with the first token); ``task`` resolves to ``parse_sse(lines)``.
-    ``await s.until_started()`` waits for that and raises if the request ended first."""
+    ``await s.until_started()`` waits for that (or a timeout) and raises if the request ended first."""
 
     def __init__(self, client: httpx.AsyncClient, body: dict, path: str = "/v1/completions"):
         self.started = asyncio.Event()
@@ -82,13 +82,20 @@ class Stream:
                     self.started.set()
         return parse_sse(self.lines)
 
-    async def until_started(self) -> None:
+    async def until_started(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` (None: no limit) for the first token: True once it arrived, False at the
+        timeout; raises if the request ended first."""
         waiter = asyncio.create_task(self.started.wait())
-        await asyncio.wait({waiter, self.task}, return_when=asyncio.FIRST_COMPLETED)
-        if not self.started.is_set():
+        try:
+            await asyncio.wait({waiter, self.task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
             waiter.cancel()
+        if self.started.is_set():
+            return True
+        if self.task.done():
             self.task.result()   # the request's own error, if it failed
             raise AssertionError(f"the request ended before its first token: {self.lines[-3:]}")
+        return False
 
     async def cancel(self):
         self.task.cancel()

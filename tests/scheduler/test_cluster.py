@@ -296,16 +296,11 @@ class Frozen:
         only a few tokens more than the client has seen (on a busy machine, letting it run until the
         first token arrives could be a whole short answer). Stopped again at the end."""
         for s in streams:
-            waiter = asyncio.create_task(s.started.wait())
-            try:
-                while not s.started.is_set():
-                    assert not s.task.done(), f"the request ended before its first token: {s.lines[-3:]}"
-                    self.resume()
-                    await asyncio.sleep(slice_s)
-                    self.stop()
-                    await asyncio.wait({waiter, s.task}, timeout=settle_s, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
+            while not await s.until_started(timeout=0):
+                self.resume()
+                await asyncio.sleep(slice_s)
+                self.stop()
+                await s.until_started(timeout=settle_s)
 
 
 class StoppedEngines(dict):
