@@ -175,7 +175,7 @@ def main():
                 if ms:
                     nb = bytes_replay(geo, B, "none")
                     record(geo=name, B=B, kernel="sglang_replayssm", ms=ms, GBps=nb / ms / 1e6, bytes=nb)
-            if hasattr(module(geo), "verify") and (B == 256 or geo["name"] == "gdn_qwen35_4b"):  # all families
+            if hasattr(module(geo), "verify") and (B == 256 or geo["family"] == "gdn"):  # all families at 256
                 base = torch.randperm(B, device=DEV) % L
                 for T in range(1, 9):
                     inp_t = make_inputs(geo, B, T=T)
@@ -195,7 +195,7 @@ def main():
                                ms=ms, GBps=nb / ms / 1e6, bytes=nb, T=T, config=None if vcfg is None else list(vcfg),
                                note=f"{ms / T:.4f} ms/draft")
                 pool.cursor = curs[0]
-            if geo["family"] == "mamba2" or B == 256 or geo["name"] == "gdn_qwen35_4b":
+            if geo["family"] in ("mamba2", "gdn") or B == 256:
                 timed(peers.time_peers, geo, B, L, bench_graph, record, rep, bytes_replay, bytes_verify)
         del state, pool, pool8
         torch.cuda.empty_cache()

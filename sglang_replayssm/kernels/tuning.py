@@ -12,7 +12,7 @@ from typing import NamedTuple
 import triton
 
 from .checks import block_knobs, check, check_block_k, chunk_k
-from .constants import RC_FP8, RC_NONE
+from .constants import RC_FP8, RC_NONE, RC_NVFP4
 
 
 class KernelTuning(NamedTuple):
@@ -66,19 +66,46 @@ SPLIT_TUNED = {
 }
 
 
+# A fused decode over a grid of fewer than SMALL_GRID (row, head) pairs gets SmallGridBlocks: whole state rows in
+# one chunk (block_k = head_k_dim) for KDA and the fp8 read copy, 32-column chunks otherwise; 4 warps a program
+# below TINY_GRID pairs (batch 1), else 2 warps with whole rows and 1 with chunks. H200, 2026-12-02, ms per step
+# (bench/results/kernels_s12_small_sweep.json; the library's earlier default, 32-column chunks x 4 warps -> now):
+#   B 1   KDA fp32 0.00873 -> 0.00534, fp8 0.00948 -> 0.00553; GDN 16/32 fp8 0.00474 -> 0.00408, 16/64 fp8
+#         0.00529 -> 0.00470; Mamba-2 Super fp8 0.00473 -> 0.00442, Nano fp8 0.00537 -> 0.00482 (fp32 GDN / Mamba-2
+#         unchanged: whole rows mixed there, GDN 16/32 0.00397 -> 0.00380, Nano 0.00478 -> 0.00493)
+#   B 4   KDA 0.01220 -> 0.00858 / 0.01511 -> 0.00824; GDN 16/32 fp8 0.00988 -> 0.00598; 16/64 0.01060 -> 0.00821 /
+#         0.01389 -> 0.00951; Super 0.00937 -> 0.00865 / 0.01066 -> 0.00967; Nano 0.00952 -> 0.00896 /
+#         0.01211 -> 0.01103; one loss: GDN 16/32 fp32 (128 pairs) 0.00605 -> 0.00643
+#   B 16  GDN 16/32 0.02072 -> 0.01633 / 0.02605 -> 0.01842; KDA 0.05157 -> 0.03090 / 0.05177 -> 0.02775
+# Whole-row flush chunks as well (flush_block_k) measured slower for Nano's fp8 read copy at B 1 (0.0063 ms); NVFP4
+# keeps its own blocks (not timed).
+SMALL_GRID = 1024
+TINY_GRID = 128
+
+
+def small_grid_blocks(family: str, rc_mode: int, pairs: int, Dk: int) -> KernelTuning:
+    """The blocks of a fused decode over `pairs` (batch * heads) < SMALL_GRID (see above)."""
+    whole = family == "kda" or rc_mode == RC_FP8
+    warps = 4 if pairs < TINY_GRID else (2 if whole else 1)
+    return KernelTuning(block_k=Dk if whole else None, num_warps=warps)
+
+
 def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dk: int, method,
                 tuning: KernelTuning = DEFAULT_TUNING) -> tuple[str, KernelTuning]:
     """The decode method and blocks a wrapper uses. method None picks "split" where SPLIT_TUNED has an
     entry and the grid fills the GPU (batch * heads >= 1024), else "fused". A split decode with no
-    field of `tuning` set gets the tuned blocks (block_k capped at head_k_dim; whole-row flush)."""
+    field of `tuning` set gets the tuned blocks (block_k capped at head_k_dim; whole-row flush); a fused
+    decode over a grid under SMALL_GRID with no field set gets small_grid_blocks (NVFP4: its own)."""
     tuned = SPLIT_TUNED.get((family, rc_mode))
     if method is None:
-        method = "split" if tuned is not None and batch * heads >= 1024 else "fused"
+        method = "split" if tuned is not None and batch * heads >= SMALL_GRID else "fused"
     check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")
     if method == "split" and tuned is not None and tuning == DEFAULT_TUNING:
         tuning = KernelTuning(block_v=tuned.block_v, block_k=chunk_k(Dk, min(tuned.block_k, Dk)),
                               num_warps=tuned.num_warps, stages=tuned.stages, flush_block_k=Dk,
                               flush_warps=tuned.flush_warps)
+    elif method == "fused" and batch * heads < SMALL_GRID and rc_mode != RC_NVFP4 and tuning == DEFAULT_TUNING:
+        tuning = small_grid_blocks(family, rc_mode, batch * heads, Dk)
     check_block_k(tuning.block_k, Dk)
     return method, tuning
 
@@ -155,7 +182,7 @@ def default_warps(batch: int, heads: int) -> int:
     """Warps per decode program. Measured on the H200 (docs/history/runs.md, Kernels, first run): one warp per
     (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most
     bytes per second once the grid is large; 4 warps win only for tiny grids (batch 1)."""
-    return 1 if batch * heads >= 1024 else 4
+    return 1 if batch * heads >= SMALL_GRID else 4
 
 
 class FoldBlocks(NamedTuple):

@@ -149,10 +149,22 @@ def test_decode_plan_picks_the_measured_method_and_config():
     m, kn = tuning.decode_plan("kda", RC_FP8, 256, 32, 128, None, none)
     assert m == "split" and kn == KernelTuning(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128,
                                        flush_warps=2)
-    # fp32 GDN, small grids and NVFP4: fused, knobs untouched
-    for fam, rc, b in (("gdn", RC_NONE, 256), ("mamba2", RC_NONE, 8), ("gdn", RC_FP8, 8),
-                       ("kda", RC_NVFP4, 256)):
+    # fp32 GDN and NVFP4 on a full grid: fused, knobs untouched
+    for fam, rc, b in (("gdn", RC_NONE, 256), ("kda", RC_NVFP4, 256), ("gdn", RC_NVFP4, 1)):
         assert tuning.decode_plan(fam, rc, b, 32, 128, None, none) == ("fused", none)
+    # a grid under SMALL_GRID (batch * heads): fused; KDA and the fp8 read copy read whole state rows in one
+    # chunk with 2 warps, fp32 GDN and Mamba-2 32-column chunks with 1; under TINY_GRID (batch 1) 4 warps
+    for fam, rc, b, heads, want in (("mamba2", RC_FP8, 7, 128, KernelTuning(block_k=64, num_warps=2)),
+                                    ("gdn", RC_FP8, 31, 32, KernelTuning(block_k=64, num_warps=2)),
+                                    ("kda", RC_NONE, 1, 32, KernelTuning(block_k=64, num_warps=4)),
+                                    ("kda", RC_FP8, 4, 32, KernelTuning(block_k=64, num_warps=2)),
+                                    ("gdn", RC_NONE, 1, 64, KernelTuning(num_warps=4)),
+                                    ("gdn", RC_NONE, 16, 32, KernelTuning(num_warps=1)),
+                                    ("mamba2", RC_NONE, 7, 128, KernelTuning(num_warps=1))):
+        assert b * heads < tuning.SMALL_GRID
+        assert tuning.decode_plan(fam, rc, b, heads, 64, None, none) == ("fused", want)
+    assert tuning.decode_plan("gdn", RC_NONE, 32, 32, 128, None, none) == ("fused", none)
+    assert tuning.decode_plan("gdn", RC_FP8, 32, 32, 128, None, none)[0] == "split"
     assert tuning.decode_plan("kda", RC_NONE, 64, 32, 128, None, none)[0] == "split"
     # an explicit knob keeps the caller's configuration (the other knobs stay at the wrapper defaults)
     mine = KernelTuning(num_warps=2)
