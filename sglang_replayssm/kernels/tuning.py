@@ -66,7 +66,7 @@ SPLIT_TUNED = {
 }
 
 
-# A fused decode over a grid of fewer than SMALL_GRID (row, head) pairs gets SmallGridBlocks: whole state rows in
+# A fused decode over a grid of fewer than SMALL_GRID (row, head) pairs gets small_grid_blocks: whole state rows in
 # one chunk (block_k = head_k_dim) for KDA and the fp8 read copy, 32-column chunks otherwise; 4 warps a program
 # below TINY_GRID pairs (batch 1), else 2 warps with whole rows and 1 with chunks. H200, 2026-12-02, ms per step
 # (bench/results/kernels_s12_small_sweep.json; the library's earlier default, 32-column chunks x 4 warps -> now):
@@ -179,10 +179,11 @@ def verify_plan(family: str, method, tuning: KernelTuning = DEFAULT_TUNING) -> t
 
 
 def default_warps(batch: int, heads: int) -> int:
-    """Warps per decode program. Measured on the H200 (docs/history/runs.md, Kernels, first run): one warp per
-    (row, head, 32 value rows) program, reducing each 32-column chunk with shuffles, moves the most
-    bytes per second once the grid is large; 4 warps win only for tiny grids (batch 1)."""
-    return 1 if batch * heads >= SMALL_GRID else 4
+    """Warps per decode program where the tuning names none. Measured on the H200 (docs/history/runs.md, Kernels,
+    first and twelfth runs): one warp per (row, head, 32 value rows) program, reducing each 32-column chunk with
+    shuffles, moves the most bytes per second from TINY_GRID (row, head) pairs up; 4 warps win only below it
+    (batch 1)."""
+    return 1 if batch * heads >= TINY_GRID else 4
 
 
 class FoldBlocks(NamedTuple):
