@@ -67,15 +67,17 @@ SPLIT_TUNED = {
 
 
 # A fused decode over a grid of fewer than SMALL_GRID (row, head) pairs gets small_grid_blocks: whole state rows in
-# one chunk (block_k = head_k_dim) for KDA and the fp8 read copy, 32-column chunks otherwise; 4 warps a program
-# below TINY_GRID pairs (batch 1), else 2 warps with whole rows and 1 with chunks. H200, 2026-12-02, ms per step
+# one chunk (block_k = head_k_dim) for KDA and the fp8 read copy with 2 warps a program, 32-column chunks with 1
+# warp for the others; 4 warps on the smallest grids (batch 1): below TINY_GRID pairs with whole rows, up to and
+# including it with chunks (at exactly 128 pairs, GDN 16/32 at batch 4 and Mamba-2 Super at batch 1, chunks
+# measured fastest with 4 warps and whole rows with 2). H200, 2026-12-02, ms per step
 # (bench/results/kernels_s12_small_sweep.json; the library's earlier default, 32-column chunks x 4 warps -> now):
 #   B 1   KDA fp32 0.00873 -> 0.00534, fp8 0.00948 -> 0.00553; GDN 16/32 fp8 0.00474 -> 0.00408, 16/64 fp8
-#         0.00529 -> 0.00470; Mamba-2 Super fp8 0.00473 -> 0.00442, Nano fp8 0.00537 -> 0.00482 (fp32 GDN / Mamba-2
+#         0.00529 -> 0.00470; Mamba-2 Super fp8 0.00473 -> 0.00449, Nano fp8 0.00537 -> 0.00482 (fp32 GDN / Mamba-2
 #         unchanged: whole rows mixed there, GDN 16/32 0.00397 -> 0.00380, Nano 0.00478 -> 0.00493)
 #   B 4   KDA 0.01220 -> 0.00858 / 0.01511 -> 0.00824; GDN 16/32 fp8 0.00988 -> 0.00598; 16/64 0.01060 -> 0.00821 /
 #         0.01389 -> 0.00951; Super 0.00937 -> 0.00865 / 0.01066 -> 0.00967; Nano 0.00952 -> 0.00896 /
-#         0.01211 -> 0.01103; one loss: GDN 16/32 fp32 (128 pairs) 0.00605 -> 0.00643
+#         0.01211 -> 0.01103
 #   B 16  GDN 16/32 0.02072 -> 0.01633 / 0.02605 -> 0.01842; KDA 0.05157 -> 0.03090 / 0.05177 -> 0.02775
 # Whole-row flush chunks as well (flush_block_k) measured slower for Nano's fp8 read copy at B 1 (0.0063 ms); NVFP4
 # keeps its own blocks (not timed).
@@ -85,9 +87,9 @@ TINY_GRID = 128
 
 def small_grid_blocks(family: str, rc_mode: int, pairs: int, Dk: int) -> KernelTuning:
     """The blocks of a fused decode over `pairs` (batch * heads) < SMALL_GRID (see above)."""
-    whole = family == "kda" or rc_mode == RC_FP8
-    warps = 4 if pairs < TINY_GRID else (2 if whole else 1)
-    return KernelTuning(block_k=Dk if whole else None, num_warps=warps)
+    if family == "kda" or rc_mode == RC_FP8:
+        return KernelTuning(block_k=Dk, num_warps=4 if pairs < TINY_GRID else 2)
+    return KernelTuning(num_warps=default_warps(pairs, 1))
 
 
 def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dk: int, method,
@@ -181,9 +183,8 @@ def verify_plan(family: str, method, tuning: KernelTuning = DEFAULT_TUNING) -> t
 def default_warps(batch: int, heads: int) -> int:
     """Warps per decode program where the tuning names none. Measured on the H200 (docs/history/runs.md, Kernels,
     first and twelfth runs): one warp per (row, head, 32 value rows) program, reducing each 32-column chunk with
-    shuffles, moves the most bytes per second from TINY_GRID (row, head) pairs up; 4 warps win only below it
-    (batch 1)."""
-    return 1 if batch * heads >= TINY_GRID else 4
+    shuffles, moves the most bytes per second above TINY_GRID (row, head) pairs; 4 warps win up to it (batch 1)."""
+    return 1 if batch * heads > TINY_GRID else 4
 
 
 class FoldBlocks(NamedTuple):

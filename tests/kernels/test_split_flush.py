@@ -153,12 +153,16 @@ def test_decode_plan_picks_the_measured_method_and_config():
     for fam, rc, b in (("gdn", RC_NONE, 256), ("kda", RC_NVFP4, 256), ("gdn", RC_NVFP4, 1)):
         assert tuning.decode_plan(fam, rc, b, 32, 128, None, none) == ("fused", none)
     # a grid under SMALL_GRID (batch * heads): fused; KDA and the fp8 read copy read whole state rows in one
-    # chunk with 2 warps, fp32 GDN and Mamba-2 32-column chunks with 1; under TINY_GRID (batch 1) 4 warps
+    # chunk with 2 warps (4 below TINY_GRID pairs), fp32 GDN and Mamba-2 32-column chunks with 1 (4 up to
+    # TINY_GRID pairs)
     for fam, rc, b, heads, want in (("mamba2", RC_FP8, 7, 128, KernelTuning(block_k=64, num_warps=2)),
                                     ("gdn", RC_FP8, 31, 32, KernelTuning(block_k=64, num_warps=2)),
                                     ("kda", RC_NONE, 1, 32, KernelTuning(block_k=64, num_warps=4)),
                                     ("kda", RC_FP8, 4, 32, KernelTuning(block_k=64, num_warps=2)),
+                                    ("mamba2", RC_FP8, 1, 128, KernelTuning(block_k=64, num_warps=2)),
                                     ("gdn", RC_NONE, 1, 64, KernelTuning(num_warps=4)),
+                                    ("gdn", RC_NONE, 4, 32, KernelTuning(num_warps=4)),
+                                    ("mamba2", RC_NONE, 1, 128, KernelTuning(num_warps=4)),
                                     ("gdn", RC_NONE, 16, 32, KernelTuning(num_warps=1)),
                                     ("mamba2", RC_NONE, 7, 128, KernelTuning(num_warps=1))):
         assert b * heads < tuning.SMALL_GRID
