@@ -13,6 +13,8 @@ Both backends have the same signatures (docs/layout.md; the kernels add keyword-
     verify(pool, layer, slots, <raw inputs [B, T, ...]>, parents=None) -> out   output-only draft verify
     fold(pool, layer | None, slots, counts)            records into the checkpoint (None: every layer)
     commit(pool, slots, accepted)                      a chain commit: fold where the window is reached, move pointers
+    compact_paths(pool, slots, accepted, nodes)        a tree commit's accepted path records to cursor.. (before commit)
+    copy_slots(tensors, src, dst, slot_dim)            whole-slot copies src[b] -> dst[b] of rows with both > 0
     conventional_decode(state, slots, <raw inputs>) -> out           plain recurrence on state[slots]
     roll_conv(conv, conv_in, rows, acc, nodes)         the conv state past the accepted drafts
 
@@ -51,6 +53,8 @@ class FamilyOps:
     verify: Callable
     fold: Callable
     commit: Callable
+    compact_paths: Callable
+    copy_slots: Callable
     conventional_decode: Callable
     roll_conv: Callable
     conventional_step: Callable
@@ -101,6 +105,7 @@ class FamilyOps:
         """The PyTorch reference (``reference.<family>``): any device, the oracle."""
         ref = FAMILY_MODULES[family]
         return cls(family, "reference", decode=ref.decode, verify=ref.verify, fold=ref.fold, commit=ref.commit,
+                   compact_paths=reference_replay.compact_paths, copy_slots=reference_replay.copy_slots,
                    conventional_decode=ref.conventional_decode, roll_conv=reference_conv_state.roll_conv_state,
                    **cls._shared(ref))
 
@@ -109,10 +114,13 @@ class FamilyOps:
         """The Triton kernels (``kernels.<family>``); imports them (and Triton)."""
         kern = importlib.import_module(f"sglang_replayssm.kernels.{family}")
         conv_state = importlib.import_module("sglang_replayssm.kernels.conv_state")
+        compact = importlib.import_module("sglang_replayssm.kernels.compact_paths")
+        slot_copy = importlib.import_module("sglang_replayssm.kernels.slot_copy")
         flush_list = None
         if "flush_list" in inspect.signature(kern.decode).parameters:
             flush_list = importlib.import_module("sglang_replayssm.kernels.split_decode").flush_list
         return cls(family, "triton", decode=kern.decode, verify=kern.verify, fold=kern.fold, commit=kern.commit,
+                   compact_paths=compact.compact_paths, copy_slots=slot_copy.copy_slots,
                    conventional_decode=kern.conventional_decode, roll_conv=conv_state.roll_conv_state,
                    flush_list=flush_list, **cls._shared(FAMILY_MODULES[family]))
 

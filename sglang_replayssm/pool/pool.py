@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from ..family_ops import FamilyOps
+from ..reference.quant import fake_quant, quant_fp8_rows, quant_nvfp4
 from .config import ReplayConfig, SSMGeometry
 from .errors import BadSlotError, CommitError, ConfigError, DoubleFreeError, DraftOverflowError, PoolExhaustedError
 
@@ -208,13 +209,11 @@ class ReplayStatePool:
         self.folded[idx] = self.folded[src].clone()
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Everything of slot ``src[i]`` into slot ``dst[i]`` (tensors of slot indices on the pool's device):
-        a device op, no checks and no host sync (a row that copies the padding slot 0 onto itself is a no-op;
-        ``fork`` is the checked copy of one slot)."""
-        for t in self._per_slot_tensors():
-            t[:, dst] = t[:, src]
-        for t in (self.cursor, self.folded):
-            t[dst] = t[src]
+        """Everything of slot ``src[i]`` into slot ``dst[i]`` (tensors of slot indices on the pool's device) for
+        the rows with both > 0 and distinct; other rows copy nothing (``ops.copy_slots``). A device op, no
+        checks and no host sync (``fork`` is the checked copy of one slot)."""
+        self.ops.copy_slots(self._per_slot_tensors(), src, dst, 1)
+        self.ops.copy_slots([self.cursor, self.folded], src, dst, 0)
 
     # ------------------------------------------------------------------ pointer moves
     def advance(self, slots: torch.Tensor) -> None:
@@ -315,7 +314,8 @@ class ReplayStatePool:
             self._roll_conv(*self._commit_indices(buf, B, N))
             return
         if not chain:   # tree: the accepted nodes' records to the front first
-            self._compact_paths(slots, node_paths, buf[:B].long())
+            rows, acc, nodes = self._commit_indices(buf, B, N)
+            self.ops.compact_paths(self, rows, acc, nodes.contiguous())
         self._commit_chain(buf, B, N)
 
     def _stage(self, values: list[int]) -> torch.Tensor:
@@ -369,15 +369,6 @@ class ReplayStatePool:
             return
         self._commit_graphs[key] = (graph, static)
 
-    def _compact_paths(self, slots: list[int], paths: list[list[int]], idx: torch.Tensor) -> None:
-        """Tree drafts: each row's accepted path's records to ring positions cursor.. (a host sync)."""
-        for s, c, path in zip(slots, self.cursor[idx].tolist(), paths):
-            if path != list(range(len(path))):
-                src = self._index([c + n for n in path])
-                dst = self._index(range(c, c + len(path)))
-                for t in (self.rec_d, self.rec_k, self.rec_g):
-                    t[:, s, dst] = t[:, s, src]
-
     def _commit_chain(self, buf: torch.Tensor, B: int, N: int) -> None:
         """A commit's device work, from buf = [slots (B) | accepted counts (B) | paths (B x N)] (int32,
         the accepted records already at cursor..): rows that reach the window fold every layer and the
@@ -409,6 +400,79 @@ class ReplayStatePool:
         if self.conv is None or self.conv_in is None or self.conv.shape[-1] == 0:
             return
         self.ops.roll_conv(self.conv, self.conv_in, rows, acc, nodes)
+
+    # ------------------------------------------------------------------ unchecked device-side steps
+    # The SGLang plugin's hot path: SGLang owns the slots and the draft trees, so these take device tensors,
+    # check nothing on the host and read nothing back (the checked methods above are the native engine's).
+    def commit_rows(self, rows: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor | None = None) -> None:
+        """Commit a verify whose draft records sit at ring positions cursor.. of ``rows`` [B] (slots on the
+        device; slot 0 rows are padding): ``acc`` [B] accepted drafts, ``nodes`` [B, N] their root-to-node
+        paths (tree drafts, padded; None: the chain prefix). Tree paths are compacted to cursor.. first
+        (``ops.compact_paths``); then ``ops.commit`` folds the rows that reach the window and moves the
+        pointers, and the pool's own conv states (if any) roll. With the kernels: device work only."""
+        if self.cfg.mode != "replay":
+            raise CommitError("commit_rows needs a ReplaySSM pool (mode='replay')")
+        rows = rows.to(torch.int32).clamp(min=0).contiguous()
+        acc = torch.where(rows > 0, acc.to(torch.int32), torch.zeros_like(rows))
+        if nodes is not None:
+            nodes = nodes.to(torch.int32).contiguous()
+            self.ops.compact_paths(self, rows, acc, nodes)
+        self.ops.commit(self, rows, acc)
+        if self.conv is not None and self.conv_in is not None and self.conv.shape[-1]:
+            if nodes is None:
+                T = self.conv_in.shape[2]
+                nodes = torch.arange(T, dtype=torch.int32, device=rows.device).expand(rows.shape[0], T).contiguous()
+            self.ops.roll_conv(self.conv, self.conv_in, rows, acc, nodes)
+
+    def flush_rows(self, rows: torch.Tensor) -> None:
+        """``force_flush`` of ``rows`` [B] (slots on the device; padding rows <= 0 and repeats of a slot are
+        skipped; no verify open): every layer folds the committed records, cursors restart at 0. With a fold
+        on the device (the kernels) no host read; the reference folds through the host."""
+        if self.cfg.mode != "replay":
+            return
+        rows = torch.where(self.first_occurrence(rows), rows.to(torch.int32), 0).contiguous()
+        idx = rows.long()
+        live = idx > 0
+        counts = torch.where(live, self.cursor[idx], torch.zeros_like(rows))
+        self.ops.fold(self, None, rows, counts)
+        self.folded[idx] += counts.to(self.folded.dtype)
+        self.cursor[idx] = torch.where(live, torch.zeros_like(counts), self.cursor[idx])
+
+    def first_occurrence(self, rows: torch.Tensor) -> torch.Tensor:
+        """[B] bool: ``rows[b]`` is a real slot (> 0) not listed before position b. Device ops, no host read."""
+        idx = rows.long().clamp(min=0)
+        order = torch.arange(idx.shape[0], device=idx.device)
+        first = torch.full((self.num_slots + 1,), idx.shape[0], dtype=torch.long, device=idx.device)
+        first.scatter_reduce_(0, idx, order, reduce="amin")
+        return (first[idx] == order) & (idx > 0)
+
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """``reset`` of ``rows`` (slots on the device, unchecked; padding slot 0 may be listed and is zeroed too):
+        empty state, empty ring. Device ops, no host read."""
+        idx = rows.long().clamp(min=0)
+        for t in self._per_slot_tensors():
+            t[:, idx] = 0
+        for t in (self.rc_scale, self.rc_gscale):
+            if t is not None and t.dtype == torch.float32:
+                t[:, idx] = 1
+        self.cursor[idx] = 0
+        self.folded[idx] = 0
+
+    def refresh_read_copy(self, layer: int, slots: torch.Tensor) -> None:
+        """The checkpoint of ``slots`` (device tensor) in ``layer`` was written from outside (a prefill): make the
+        read copy (or, with ``shared_quant``, the quantized checkpoint itself) match it. Device ops, no host
+        read; padding-slot rows rewrite slot 0's own copy."""
+        c = self.cfg
+        if c.read_copy == "none":
+            return
+        idx = slots.long()
+        state = self.ckpt[layer, idx].float()
+        if c.shared_quant:
+            self.ckpt[layer, idx] = fake_quant(state, c.read_copy).to(self.ckpt.dtype)
+        if c.read_copy == "fp8":
+            self.rc[layer, idx], self.rc_scale[layer, idx] = quant_fp8_rows(state)
+        else:
+            self.rc[layer, idx], self.rc_scale[layer, idx], self.rc_gscale[layer, idx] = quant_nvfp4(state)
 
     # ------------------------------------------------------------------ whole-state access
     def write_state(self, layer: int, slots: Sequence[int], state: torch.Tensor) -> None:

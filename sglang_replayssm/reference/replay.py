@@ -99,6 +99,38 @@ def fold(pool, layer: int | None, slots, counts) -> None:
         fold_rows(pool, lay, [s for s, _ in rows], [n for _, n in rows])
 
 
+def copy_slots(tensors, src: torch.Tensor, dst: torch.Tensor, slot_dim: int) -> None:
+    """The kernels' ``copy_slots`` signature: slot ``dst[b]`` of each tensor (its dim ``slot_dim``, 0 or 1, is
+    the slot) becomes a copy of slot ``src[b]``, for rows with both > 0 and distinct; other rows copy the
+    padding slot onto itself (device indexing, no host read; it moves a slot's bytes for every row)."""
+    src, dst = src.long(), dst.long()
+    on = (src > 0) & (dst > 0) & (src != dst)
+    s = torch.where(on, src, torch.zeros_like(src))
+    d = torch.where(on, dst, torch.zeros_like(dst))
+    for t in tensors:
+        if slot_dim == 0:
+            t[d] = t[s]
+        else:
+            t[:, d] = t[:, s]
+
+
+def compact_paths(pool, slots: torch.Tensor, accepted: torch.Tensor, nodes: torch.Tensor) -> None:
+    """The kernels' ``compact_paths`` signature: each row's accepted path records (``nodes[b, :accepted[b]]``,
+    draft indices root to node, parents before children) moved to ring positions cursor .. cursor +
+    accepted - 1 of every layer, in place, in draft order (position cursor + j is written after every read
+    of it). Device ops only, no host read; slot-0 rows (padding) are left alone."""
+    idx = slots.long()
+    cur = pool.cursor[idx].long()
+    live = idx > 0
+    for j in range(nodes.shape[1]):
+        node = nodes[:, j].long()
+        move = live & (j < accepted) & (node != j) & (node >= 0)
+        src = cur + torch.where(move, node, torch.full_like(node, j))
+        dst = cur + j
+        for t in (pool.rec_d, pool.rec_k, pool.rec_g):
+            t[:, idx, dst] = t[:, idx, src]
+
+
 def commit(pool, slots: torch.Tensor, accepted: torch.Tensor) -> None:
     """The kernels' ``commit`` signature: a chain commit's device work on the records already at cursor..
     (``slots``, ``accepted``: int32 tensors [B] of distinct slots). Rows whose cursor + accepted reaches the

@@ -196,26 +196,24 @@ def delta_forward_extend(original, self, layer, forward_batch, *args, **kwargs):
     return out
 
 
-def _tree_parents(spec_info, bs: int, T: int) -> list[list[int]]:
-    """Parent of every draft node (-1: hangs off the committed state) from SGLang's first-child /
-    next-sibling arrays (a chain when they are absent, as in CUDA-graph capture dummies)."""
+def tree_parents(spec_info, bs: int, T: int, device) -> torch.Tensor:
+    """Parent of every draft node ([bs, T] int32 on the device; -1: hangs off the committed state) from
+    SGLang's first-child / next-sibling arrays, with device ops only (a chain when the arrays are absent, as
+    in CUDA-graph capture dummies). Node i's first child c gets parent i; then each next sibling takes its
+    elder sibling's parent, one sibling further per pass (T - 1 passes cover the longest sibling list)."""
     nxt = getattr(spec_info, "retrieve_next_token", None)
     sib = getattr(spec_info, "retrieve_next_sibling", None)
-    chain = list(range(-1, T - 1))
     if nxt is None or sib is None:
-        return [chain] * bs
-    nxt = nxt.reshape(-1, T)[:bs].tolist()
-    sib = sib.reshape(-1, T)[:bs].tolist()
-    parents = []
-    for row_n, row_s in zip(nxt, sib):
-        par = [-1] * T
-        for i in range(T):
-            c = row_n[i]
-            while 0 <= c < T:
-                par[c] = i
-                c = row_s[c]
-        parents.append(par)
-    return parents
+        return torch.arange(-1, T - 1, dtype=torch.int32, device=device).expand(bs, T)
+    nxt = nxt.reshape(-1, T)[:bs].long()
+    sib = sib.reshape(-1, T)[:bs].long()
+    sink = torch.full_like(nxt, T)                 # column T of `par` takes the writes of "no such node"
+    par = torch.full((bs, T + 1), -1, dtype=torch.long, device=nxt.device)
+    par.scatter_(1, torch.where((nxt >= 0) & (nxt < T), nxt, sink), torch.arange(T, device=nxt.device).expand(bs, T))
+    to_sib = torch.where((sib >= 0) & (sib < T), sib, sink)
+    for _ in range(T - 1):
+        par.scatter_(1, to_sib, par[:, :T].clone())
+    return par[:, :T].to(torch.int32)
 
 
 def note_step(backend, forward_batch) -> None:
@@ -233,10 +231,8 @@ def note_step(backend, forward_batch) -> None:
         spec = forward_batch.spec_info
         T = int(spec.draft_token_num)
         bs = int(forward_batch.batch_size)
-        slots = [int(s) for s in idx[:bs].tolist()]
-        parents = _tree_parents(spec, bs, T) if (getattr(backend, "topk", 0) or 0) > 1 else None
-        pool.begin_verify(slots, T, parents)
-        pool.set_verify_parents(parents)
+        tree = (getattr(backend, "topk", 0) or 0) > 1
+        pool.open_verify(tree_parents(spec, bs, T, idx.device) if tree else None)
     elif mode.is_decode():
         bs = int(forward_batch.batch_size)
         pool.note_decode(idx[:bs])
@@ -248,6 +244,7 @@ def note_step(backend, forward_batch) -> None:
         # Prefill (or mixed prefill + decode). SGLang's chunked kernels read the checkpoint as the
         # initial state, so every row they process must have an empty ring: fold any committed
         # records first. Mamba-2 runs the decode rows of a mixed batch through our decode instead.
+        # (num_decodes: a host int of SGLang's metadata.)
         n = int(getattr(md, "num_decodes", 0) or 0) if pool.family == "mamba2" else 0
         rows = idx[: len(idx) - n]
         pool.flush_rows(rows)

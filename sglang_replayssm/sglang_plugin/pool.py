@@ -202,7 +202,9 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._pending_track: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._steps_since_metrics = 0
         self._metrics_interval = max(1, int(os.environ.get(METRICS_INTERVAL_ENV, "16")))
-        self._acc = torch.zeros(9, dtype=torch.float64, device=device)   # metrics counts (see _account_decode)
+        self._acc = torch.zeros(11, dtype=torch.float64, device=device)   # metrics counts (see _account_decode)
+        self._acc_host: torch.Tensor | None = None     # pinned host copy of _acc (CUDA)
+        self._acc_copy = None                          # (host buffer, event) of a queued copy not yet published
         self._ssm_itemsize = cache_params.dtype.temporal.itemsize
         ours = self.replay.bytes_per_slot() + sum(_tensor_bytes(c[:, 0]) for c in conv)
         theirs_slot = cache_params.mamba_cache_per_req
@@ -247,79 +249,59 @@ class ReplayMambaPool(_SGLangMambaPool):
 
     def _copy_tracked(self, src: torch.Tensor, mask: torch.Tensor, dst: torch.Tensor) -> None:
         """Whole-slot copy ``src -> dst`` (checkpoint, read copy, ring, cursor, SR counter, conv) of the
-        rows with ``mask``, on the device: rows without it copy the padding slot onto itself."""
-        src, dst = src.to(torch.long), dst.to(torch.long)
+        rows with ``mask``, on the device: rows without it copy nothing (``ops.copy_slots``)."""
         on = mask.to(torch.bool) & (src > 0) & (dst > 0)
-        s = torch.where(on, src, torch.zeros_like(src))
-        d = torch.where(on, dst, torch.zeros_like(dst))
+        s = torch.where(on, src.to(torch.long), 0)
+        d = torch.where(on, dst.to(torch.long), 0)
         self.replay.copy_slots(s, d)
-        for conv in self.mamba_cache.conv:
-            conv[:, d] = conv[:, s]
+        self.replay.ops.copy_slots(self.mamba_cache.conv, s, d, 1)
 
-    def begin_verify(self, slots: list[int], num_drafts: int, parents=None) -> None:
+    def open_verify(self, parents: torch.Tensor | None) -> None:
+        """A target verify is about to run (its kernels append the draft records at cursor..): settle the last
+        decode step and keep this step's tree ``parents`` [B, T] (int32 on the device; None: chains) in one
+        persistent buffer, which the verify kernels read, in a captured CUDA graph too. No host read."""
         self.settle()
-        live = [s for s in slots if s > 0]
-        self.replay.cancel_verify(live)   # a verify whose commit never came (idle / aborted batch)
-        rows = [i for i, s in enumerate(slots) if s > 0]
-        self.replay.begin_verify(live, num_drafts, None if parents is None else [parents[i] for i in rows])
-
-    def set_verify_parents(self, parents) -> None:
-        """Tree parents of the open verify (None: chain). Kept in one persistent buffer, so a verify
-        captured in a CUDA graph reads this step's tree on replay."""
         if parents is None:
             self.verify_parents = None
             return
-        bs, T = len(parents), len(parents[0])
+        bs, T = parents.shape
         buf = self._parents_buf
         if buf is None or buf.shape[0] < bs or buf.shape[1] != T:
             buf = self._parents_buf = torch.full((max(bs, self.size + 1), T), -1, dtype=torch.int32,
                                                  device=self.replay.device)
-        buf[:bs].copy_(torch.tensor(parents, dtype=torch.int32), non_blocking=True)
+        buf[:bs].copy_(parents, non_blocking=True)
         self.verify_parents = buf[:bs]
 
-    def accept_drafts(self, slots: list[int], accepted: list[int], paths=None, slots_t: torch.Tensor | None = None,
-                      accepted_t: torch.Tensor | None = None) -> None:
-        """Accept ``accepted`` drafts (records, bonus included) of the open verify of each of ``slots``
-        (``ReplayStatePool.accept_drafts``; padding rows and rows with no open verify are skipped) and
-        count the accepted records and the rollbacks. ``slots_t`` /
-        ``accepted_t``: the same values on the device when the caller has them (the verify-row fold count
-        for the metrics is then taken there, with no upload and no host sync)."""
-        keep = [i for i, s in enumerate(slots) if s > 0 and self.replay.pending(s)]
-        if not keep:
-            return
-        if slots_t is None or accepted_t is None or len(keep) != len(slots):
-            dev = self.replay.device
-            slots_t = torch.tensor([slots[i] for i in keep], dtype=torch.long, device=dev)
-            accepted_t = torch.tensor([accepted[i] for i in keep], dtype=torch.long, device=dev)
-        slots = [slots[i] for i in keep]
-        accepted = [accepted[i] for i in keep]
-        pend = [self.replay.pending(s) for s in slots]
-        self._account_commit(slots_t, accepted_t, sum(pend))   # before the pointer moves
-        self.replay.accept_drafts(slots, accepted, None if paths is None else [paths[i] for i in keep])
-        metrics.inc("replayssm:accepted_records_total", sum(accepted))
-        metrics.inc("replayssm:rollbacks_total", sum(p - a for p, a in zip(pend, accepted)))
+    def commit_verify(self, slots: torch.Tensor, accepted: torch.Tensor, nodes: torch.Tensor | None,
+                      num_drafts: int) -> None:
+        """Commit the open verify of ``slots`` [B] (device; padding rows <= 0): ``accepted`` [B] drafts (bonus
+        included) along ``nodes`` [B, N] (tree paths, padded; None: chain prefixes) stay, the pointer moves,
+        a row reaching the window folds (``ReplayStatePool.commit_rows``), and the accepted records and
+        rollbacks are counted on the device. No host read with the kernels."""
+        slots = slots.to(torch.int32)
+        acc = torch.where(slots > 0, accepted.to(torch.int32), 0)
+        self._account_commit(slots, acc, num_drafts)   # before the pointer moves
+        self.replay.commit_rows(slots, acc, nodes)
+        self.verify_parents = None
 
     def flush_rows(self, slots: torch.Tensor) -> None:
         """Fold committed records of ``slots`` into their checkpoints (before SGLang's prefill reads them)."""
         self.settle()
-        live = sorted({int(s) for s in slots.tolist() if int(s) > 0})
-        if live:
-            self.replay.force_flush(live)
+        self.replay.flush_rows(slots)
 
     def after_prefill(self, layer: int, slots: torch.Tensor) -> None:
-        """SGLang's prefill wrote the final state into the checkpoint: refresh the read copy, empty ring."""
-        idx = [int(s) for s in slots.tolist() if int(s) > 0]
-        if not idx:
-            return
-        t = torch.as_tensor(idx, dtype=torch.long, device=self.replay.device)
-        self.replay.cursor[t] = 0
-        self.replay.write_state(layer, idx, self.replay.ckpt[layer, t].float())
+        """SGLang's prefill wrote the final state into the checkpoint of ``slots`` (device; padding <= 0):
+        empty ring, and the read copy (if any) refreshed from it. Device ops, no host read."""
+        t = slots.to(torch.long)
+        live = t > 0
+        self.replay.cursor[t] = torch.where(live, 0, self.replay.cursor[t])
+        self.replay.refresh_read_copy(layer, t)
 
     # ------------------------------------------------------------------ metrics (sglang_replayssm/accounting.py)
     # self._acc: device counts, read once per metrics interval (one host sync): [0] decode rows, [1] their
     # flush rows, [2] records their rings held; [3] ring occupancy after the last step; [4] verify rows at
     # their commit, [5] tokens they verified, [6] records their rings held, [7] rows whose commit folds,
-    # [8] committed records those fold.
+    # [8] committed records those fold, [9] accepted records (bonus included), [10] rejected drafts.
     def _account_decode(self, slots: torch.Tensor) -> None:
         live = slots > 0
         cur = self.replay.cursor[slots].to(torch.float64)
@@ -332,34 +314,71 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._acc[3] = after.sum() / live.sum().clamp(min=1) / self.replay.cfg.window
         self._count_step()
 
-    def _account_commit(self, slots_t: torch.Tensor, accepted_t: torch.Tensor, tokens: int) -> None:
-        """Verify rows (``tokens`` verified in all) at their commit, before the pointer moves: a row folds
-        when its committed records reach the window."""
-        cur = self.replay.cursor[slots_t.long()].to(torch.float64)
-        new = cur + accepted_t.to(torch.float64)
-        folds = new >= self.replay.cfg.window
+    def _account_commit(self, slots: torch.Tensor, accepted: torch.Tensor, num_drafts: int) -> None:
+        """Verify rows (``num_drafts`` tokens each) at their commit, before the pointer moves: a row folds
+        when its committed records reach the window. Padding rows (slot <= 0) count nothing."""
+        live = slots > 0
+        cur = torch.where(live, self.replay.cursor[slots.long()], 0).to(torch.float64)
+        acc = accepted.to(torch.float64)
+        new = cur + acc
+        folds = (new >= self.replay.cfg.window) & live
         zero = torch.zeros_like(new)
-        self._acc[4] += slots_t.numel()
-        self._acc[5] += tokens
+        rows = live.sum()
+        self._acc[4] += rows
+        self._acc[5] += rows * num_drafts
         self._acc[6] += cur.sum()
         self._acc[7] += folds.sum()
         self._acc[8] += torch.where(folds, new, zero).sum()
-        self._acc[3] = torch.where(folds, zero, new).mean() / self.replay.cfg.window
+        self._acc[9] += acc.sum()
+        self._acc[10] += rows * num_drafts - acc.sum()
+        self._acc[3] = torch.where(folds | ~live, zero, new).sum() / rows.clamp(min=1) / self.replay.cfg.window
         self._count_step()
 
     def _count_step(self) -> None:
         self._steps_since_metrics += 1
         if self._steps_since_metrics >= self._metrics_interval:
-            self.flush_metrics()
+            self._publish_metrics(wait=False)
 
     def flush_metrics(self) -> None:
+        """Publish every count so far (waits for the device: tests, shutdown; the step path never does)."""
+        self._publish_metrics(wait=True)
+
+    def _publish_metrics(self, wait: bool) -> None:
+        """Move the device counts to the host and publish them. On CUDA the copy is queued (pinned buffer, an
+        event) and published at a later call once done, so a step never waits on the device; a copy still in
+        flight makes this interval's counts wait on the device for the next one."""
         if self.replay is None:
             return
-        d_rows, d_flushes, d_records, occupancy, v_rows, v_tokens, v_records, v_folds, v_fold_records = \
-            self._acc.tolist()
+        if self._acc_copy is not None:
+            host, done = self._acc_copy
+            if not (wait or done.query()):
+                return
+            done.synchronize()
+            self._acc_copy = None
+            self._publish(host.tolist())   # noqa: host-read (a finished copy in pinned memory: no device wait)
+        self._steps_since_metrics = 0
+        if self._acc.device.type != "cuda":
+            snap = self._acc.tolist()   # noqa: host-read (CPU tensors)
+            self._reset_counts()
+            self._publish(snap)
+            return
+        if self._acc_host is None:
+            self._acc_host = torch.empty(self._acc.shape, dtype=self._acc.dtype, pin_memory=True)
+        self._acc_host.copy_(self._acc, non_blocking=True)
+        self._reset_counts()
+        done = torch.cuda.Event()
+        done.record()
+        self._acc_copy = (self._acc_host, done)
+        if wait:
+            self._publish_metrics(wait=True)
+
+    def _reset_counts(self) -> None:
         self._acc[:3] = 0
         self._acc[4:] = 0
-        self._steps_since_metrics = 0
+
+    def _publish(self, counts: list[float]) -> None:
+        d_rows, d_flushes, d_records, occupancy, v_rows, v_tokens, v_records, v_folds, v_fold_records, \
+            accepted, rollbacks = counts
         s = StateSizes.of(self.replay, conventional_itemsize=self._ssm_itemsize)
         d_read, d_written = decode_traffic(s, d_rows, d_flushes, d_records)
         v_read, v_written = verify_traffic(s, "replay", v_rows, v_tokens, v_records, v_folds, v_fold_records)
@@ -368,6 +387,8 @@ class ReplayMambaPool(_SGLangMambaPool):
         metrics.inc("replayssm:state_bytes_read_total", d_read + v_read)
         metrics.inc("replayssm:state_bytes_written_total", d_written + v_written)
         metrics.inc("replayssm:conventional_state_bytes_total", conventional_traffic(s, d_rows + v_tokens))
+        metrics.inc("replayssm:accepted_records_total", accepted)
+        metrics.inc("replayssm:rollbacks_total", rollbacks)
         metrics.set_gauge("replayssm:ring_occupancy", occupancy)
 
     # ------------------------------------------------------------------ SGLang's slot operations
@@ -379,30 +400,21 @@ class ReplayMambaPool(_SGLangMambaPool):
             return super().clear_slots(indices)
         for sibling in self._slot_siblings:
             sibling.reset_slots(indices)
-        idx64 = indices.to(torch.int64)
+        idx64 = indices.reshape(-1).to(torch.int64)
         for conv in self.mamba_cache.conv:
             conv.index_fill_(1, idx64, 0)
-        slots = self._slot_list(indices)
-        live = sorted({s for s in slots if s > 0})
-        if live:
-            self.replay.reset(live)
-        if 0 in slots:
-            self.replay.ckpt[:, 0] = 0
+        self.replay.reset_rows(idx64)
 
     def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
         """Copy-on-write of a cached prefix: fold the source's committed records (flush at the cached
-        boundary), then fork checkpoint + read copy (+ empty ring) into the destination."""
+        boundary), then fork checkpoint + read copy (+ empty ring) into the destination. Device ops."""
         if self.replay is None:
             return super().copy_from(src_indices, dst_indices)
-        src, dst = self._slot_list(src_indices), self._slot_list(dst_indices)
-        if len(src) != len(dst):
-            raise ValueError(f"copy_from: {len(src)} sources for {len(dst)} destinations")
-        flush = sorted({s for s in src if s > 0})
-        if flush:
-            self.replay.force_flush(flush)
-        for s, d in zip(src, dst):
-            if s > 0 and d > 0 and s != d:
-                self.replay.fork(s, d)
+        src, dst = src_indices.reshape(-1), dst_indices.reshape(-1)
+        if src.shape != dst.shape:
+            raise ValueError(f"copy_from: {src.numel()} sources for {dst.numel()} destinations")
+        self.replay.flush_rows(src)
+        self.replay.copy_slots(src.to(torch.long), dst.to(device=src.device, dtype=torch.long))
         for conv in self.mamba_cache.conv:
             conv[:, dst_indices] = conv[:, src_indices]
         for sibling in self._slot_siblings:

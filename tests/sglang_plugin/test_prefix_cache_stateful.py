@@ -6,7 +6,7 @@ starting state and every token's inputs since, with the conventional recurrence 
 
 A *node* is a track slot the radix tree holds (what SGLang donates at a boundary); a *live* slot is a running
 request's. The pool's slot operations are the ones SGLang calls (``note_decode`` / ``note_track`` /
-``settle``, ``flush_rows`` / ``after_prefill``, ``begin_verify`` / ``commit``, ``copy_from``,
+``settle``, ``flush_rows`` / ``after_prefill``, ``open_verify`` / ``commit_verify``, ``copy_from``,
 ``clear_slots``); the math is the PyTorch reference the plugin runs on CPU.
 """
 
@@ -173,7 +173,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         rows = sorted(data.draw(st.sets(st.sampled_from(sorted(self.live)), min_size=1)))
         accepted = [data.draw(st.integers(0, T)) for _ in rows]
         idx = torch.tensor(rows)
-        self.pool.begin_verify(rows, T)
+        self.pool.open_verify(None)
         toks = self._tokens(len(rows), drafts=T)
         for layer in range(LAYERS):
             f32 = {k: v.float() for k, v in toks[layer].items()}
@@ -183,7 +183,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                 for i in range(T):
                     o, S = conventional(self.geo, S, index_inputs(toks[layer], (slice(b, b + 1), i)), self.params)
                     assert relerr(out[b, i], o[0]) < 1e-4
-        self.pool.accept_drafts(rows, accepted)
+        self.pool.commit_verify(idx, torch.tensor(accepted), None, T)
         for b, s in enumerate(rows):
             for i in range(accepted[b]):
                 self.live[s].tokens.append([index_inputs(toks[layer], (slice(b, b + 1), i)) for layer in range(LAYERS)])
@@ -216,8 +216,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         cut = {b: data.draw(st.integers(1, len(paths[b]))) for b in tracked}   # nodes up to the boundary
 
         self.req_pool.req_index_to_mamba_index_mapping[torch.arange(B)] = torch.tensor(rows, dtype=torch.int32)
-        self.pool.begin_verify(rows, T, [parents] * B if tree else None)
-        self.pool.set_verify_parents([parents] * B if tree else None)
+        self.pool.open_verify(torch.tensor([parents] * B, dtype=torch.int32) if tree else None)
         toks = self._tokens(B, drafts=T)
         for layer in range(LAYERS):
             f32 = {k: v.float() for k, v in toks[layer].items()}
@@ -256,7 +255,6 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         for b, s in enumerate(rows):
             self.live[s] = history(b, len(paths[b]))
         self.nodes.update(tracked_seqs)
-        assert self.pool.replay.pending(rows[0]) == 0 and all(not self.pool.replay.pending(d) for d in tracked_seqs)
 
     @precondition(lambda self: self.nodes and self._free())
     @rule(data=st.data())

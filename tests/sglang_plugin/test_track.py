@@ -189,4 +189,3 @@ def test_verify_track_at_accepted_prefix_boundary_tree_and_fold(entry):
             assert torch.equal(conv[:, 4], w[:, 0, 2])    # conv window of the boundary node
             assert torch.equal(conv[:, 1], w[:, 0, 3])    # the live row's: its last accepted node
             assert not conv[:, 5].any()
-        assert not pool.replay.pending(4) and not pool.replay.pending(1)
