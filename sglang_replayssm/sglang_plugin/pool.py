@@ -392,9 +392,6 @@ class ReplayMambaPool(_SGLangMambaPool):
         metrics.set_gauge("replayssm:ring_occupancy", occupancy)
 
     # ------------------------------------------------------------------ SGLang's slot operations
-    def _slot_list(self, indices: torch.Tensor) -> list[int]:
-        return [int(s) for s in indices.reshape(-1).tolist()]
-
     def clear_slots(self, indices: torch.Tensor):
         if self.replay is None:
             return super().clear_slots(indices)
@@ -421,8 +418,9 @@ class ReplayMambaPool(_SGLangMambaPool):
             sibling.copy_slots(src_indices, dst_indices)
 
     def get_cpu_copy(self, indices):
+        """HiCache backup: the copy holds whole states (records folded first, on the device)."""
         if self.replay is not None:
-            self.replay.force_flush(sorted({s for s in self._slot_list(indices) if s > 0}))
+            self.replay.flush_rows(torch.as_tensor(indices, device=self.replay.device).reshape(-1))
         return super().get_cpu_copy(indices)
 
     def load_cpu_copy(self, mamba_cache_cpu, indices):

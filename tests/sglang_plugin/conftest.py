@@ -130,3 +130,14 @@ def fake_runner(server_args, req_pool):
     return SimpleNamespace(server_args=server_args, device="cpu", is_draft_worker=False, req_to_token_pool=req_pool,
                            token_to_kv_pool=None, linear_attn_backends=LinearAttnBackends(decode=t, prefill=t, verify=t),
                            model_config=SimpleNamespace(hf_text_config=SimpleNamespace(mamba_chunk_size=64)))
+
+
+@pytest.fixture
+def no_host_reads():
+    """The test's plugin steps (decode, verify, commit, track, prefill flush, slot operations, metrics) read no
+    device value back to the host (``host_reads.py``): the sync-free step of a GPU server, kept true here."""
+    from .host_reads import host_reads
+
+    with host_reads() as guard:
+        yield guard
+    assert not guard.sites, "host reads on the step path:\n" + "\n".join(guard.sites)

@@ -26,6 +26,9 @@ from sglang_replayssm.reference import mamba2 as ref_m2
 
 from .conftest import GDN, KDA, M2, fake_runner, make_req_pool, replayssm, sglang_context
 
+# every plugin step of these tests runs under the host-read guard (conftest.no_host_reads)
+pytestmark = pytest.mark.usefixtures("no_host_reads")
+
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
@@ -364,3 +367,18 @@ def test_cuda_graph_replay_metadata_notes_decode_rows_and_padding_hits_slot_0():
         after = pool.materialize(0, [1, 2, 3, 4])
         torch.testing.assert_close(after[[0, 3]], before[[0, 3]])  # untouched slots
         assert not torch.equal(after[1], before[1]) and not torch.equal(after[2], before[2])
+
+
+def test_host_read_guard_names_a_reintroduced_read():
+    """The guard of these tests is not blind: a read in the project's step code (the native engine's checked
+    flush, which reads the cursors on the host, as the plugin's flush used to) is recorded with its file and
+    line, while the same kind of read in test code is not."""
+    from .host_reads import host_reads
+
+    with replayssm(window=4), sglang_context():
+        pool = make_req_pool("gdn", size=3).mamba_pool
+        with host_reads() as guard:
+            assert torch.tensor([1, 2]).tolist() == [1, 2]
+            assert not guard.sites
+            pool.replay.force_flush([1, 2])
+        assert len(guard.sites) == 1 and "pool/pool.py" in guard.sites[0] and "force_flush: Tensor.tolist" in guard.sites[0]

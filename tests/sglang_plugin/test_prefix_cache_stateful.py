@@ -24,6 +24,10 @@ from sglang_replayssm.flags import ReplaySSMOptions
 from tests.reference.helpers import call, conventional, index_inputs, random_inputs, random_params, relerr
 
 from .conftest import make_req_pool
+import pytest
+
+# every plugin step of these tests runs under the host-read guard (conftest.no_host_reads)
+pytestmark = pytest.mark.usefixtures("no_host_reads")
 
 SLOTS = 6
 LAYERS = 2

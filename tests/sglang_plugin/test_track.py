@@ -12,6 +12,9 @@ import torch
 from .conftest import GDN, make_req_pool, replayssm, sglang_context
 from .test_backends import _batch, _delta_backend, _delta_inputs
 
+# every plugin step of these tests runs under the host-read guard (conftest.no_host_reads)
+pytestmark = pytest.mark.usefixtures("no_host_reads")
+
 
 def _decode_step(be, req_pool, slots, A_log, dt_bias, track=None, same_inputs=False):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
