@@ -4,6 +4,7 @@
     python3 tools/h200_fleet.py tokens STATE_DIR DEADLINE_S # wait for health, greedy tokens of each, compare
     python3 tools/h200_fleet.py bench  STATE_DIR DEADLINE_S # bench_serving per server x concurrency (skips done rows)
     python3 tools/h200_fleet.py report STATE_DIR OUT_DIR    # results.json (+ servers.log) into OUT_DIR
+    python3 tools/h200_fleet.py stop   STATE_DIR NAME...    # end the named servers (free the card)
 
 Every server runs at once (CUDA graphs on), each with capped pools (``POOL_FLAGS``) so they share the
 card; the servers are started a few seconds apart and left running (``setsid``) so that a later device
@@ -24,12 +25,22 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-GRAPH = ["--cuda-graph-max-bs-decode", "256"]
-POOL_FLAGS = ["--dtype", "bfloat16", "--mem-fraction-static", "0.9", "--max-running-requests", "256",
-              "--max-total-tokens", "262144", "--max-mamba-cache-size", "272",
+ENV = os.environ.get
+MAX_RUNNING = int(ENV("FLEET_MAX_RUNNING", "256"))   # FLEET_MAX_RUNNING=128: full-depth servers share one card
+GRAPH = ["--cuda-graph-max-bs-decode", str(MAX_RUNNING)]
+POOL_FLAGS = ["--dtype", "bfloat16", "--mem-fraction-static", "0.9", "--max-running-requests", str(MAX_RUNNING),
+              "--max-total-tokens", ENV("FLEET_TOTAL_TOKENS", "262144"),
+              "--max-mamba-cache-size", str(MAX_RUNNING + 16),
               # random prompts share no prefix; without the radix cache SGLang keeps one mamba slot per request
               "--disable-radix-cache"]
+RADIX = "RADIX"   # in a server's extra flags: keep the radix cache (drops --disable-radix-cache)
 NGRAM = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
+# issue 29: SGLANG_REPLAYSSM_SYNC_CHECK=1 makes any host sync in the plugin's step an error (sync_check.py); this
+# server runs every plugin path a server reaches: decode, NGRAM tree verify + commit, extra_buffer track copies,
+# radix-cache hits (copy_from), prefill flushes
+SYNC_CHECK = {"SGLANG_REPLAYSSM_SYNC_CHECK": "1"}
+SERVER_ENV: dict[str, dict] = {"gdn_ours_synccheck": SYNC_CHECK, "m2_ours_synccheck": SYNC_CHECK}
+XBUF = [RADIX, "--mamba-radix-cache-strategy", "extra_buffer"]
 # name -> (mode, model, extra flags); order = start order = bench order
 SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "gdn_stock": ("stock", "qwen3_next", []),
@@ -43,14 +54,18 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     # SGLang refuses --enable-linear-replayssm together with its spec variant (they share the ring)
     "gdn_sglang_replayssm_ngram": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM]),
     "gdn_ours_fp8_ngram": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8", *NGRAM]),
+    "gdn_ours_synccheck": ("plugin", "qwen3_next", [*XBUF, *NGRAM]),
+    "m2_ours_synccheck": ("plugin", "nemotron_h", [*XBUF, *NGRAM]),
 }
 ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
 # stock-vs-other greedy comparisons: (reference, candidate)
 PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn_stock"] + \
         [("m2_stock", "m2_ours_fp32")]
-CONCURRENCY = (64, 256)
-INPUT_LEN, OUTPUT_LEN = 512, 256
-PROMPTS_PER_CONC = {64: 192, 256: 512}
+CONCURRENCY = tuple(int(c) for c in ENV("FLEET_CONC", "64,256").split(","))
+INPUT_LEN, OUTPUT_LEN = int(ENV("FLEET_IN", "512")), int(ENV("FLEET_OUT", "256"))
+# FLEET_PROMPTS=1:12,64:256: prompts per concurrency (default: 3 per slot, 2 at 256)
+PROMPTS_PER_CONC = {c: 3 * c for c in CONCURRENCY} | {256: 512} | \
+    {int(k): int(v) for k, v in (x.split(":") for x in ENV("FLEET_PROMPTS", "").split(",") if x)}
 # FLEET_ROUNDS=2: every row twice (files NAME_cC.jsonl, then NAME_cC_r2.jsonl), to show the run-to-run spread
 ROUNDS = int(os.environ.get("FLEET_ROUNDS", "1"))
 
@@ -79,16 +94,29 @@ def start(ckpt: Path, state: Path) -> None:
     for name, (mode, model, extra) in _servers().items():
         if name in st and _alive(st[name]["pid"]):
             continue
+        pool_flags = [f for f in POOL_FLAGS if not (RADIX in extra and f == "--disable-radix-cache")]
         argv = [sys.executable, str(HERE / "h200_serve.py"), mode, "--model-path", str(ckpt / model),
-                "--host", "127.0.0.1", "--port", str(port), *POOL_FLAGS, *GRAPH, *extra,
+                "--host", "127.0.0.1", "--port", str(port), *pool_flags, *GRAPH, *[f for f in extra if f != RADIX],
                 *os.environ.get("FLEET_EXTRA", "").split()]
         log = open(state / f"{name}.log", "w")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **SERVER_ENV.get(name, {})})
         st[name] = {"pid": proc.pid, "port": port, "argv": argv[1:], "started": time.time()}
         print(f"started {name} pid {proc.pid} port {port}: {' '.join(argv[2:])}", flush=True)
         (state / "servers.json").write_text(json.dumps(st, indent=1))
         port += 1
         time.sleep(float(os.environ.get("FLEET_STAGGER_S", "4")))   # pools are capped: no need to wait longer
+
+
+def stop(state: Path, names: list[str]) -> None:
+    """End the named servers this tool started (their process groups: setsid), to free the card for others."""
+    import signal
+
+    st = _state(state)
+    for n in names:
+        if n in st and _alive(st[n]["pid"]):
+            os.killpg(st[n]["pid"], signal.SIGKILL)
+            print(f"stopped {n} (pid {st[n]['pid']})", flush=True)
 
 
 def _healthy(port: int) -> bool:
@@ -276,6 +304,8 @@ if __name__ == "__main__":
         bench(Path(args[0]), time.time() + float(args[1]))
     elif cmd == "bench-rows":
         bench_rows(Path(args[0]), float(args[1]))
+    elif cmd == "stop":
+        stop(Path(args[0]), args[1:])
     elif cmd == "report":
         report(Path(args[0]), Path(args[1]))
     else:

@@ -20,12 +20,17 @@ fi
 rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-if [ ! -f /tmp/wide/nemotron_h/model.safetensors ]; then
-  (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints "$H/ckpt" /tmp/wide) || exit 1   # cwd off the path: the checkout's own package
+# FLEET_DEPTH=full: every layer of the real models (gpu_harness.wide_checkpoints --depth full) in /tmp/wide_full;
+# FLEET_FAMILY limits the checkpoints written (qwen3_next, nemotron_h or all)
+DEPTH=${FLEET_DEPTH:-short}; WIDE=/tmp/wide; [ "$DEPTH" = full ] && WIDE=/tmp/wide_full
+FAM=${FLEET_FAMILY:-all}
+if [ ! -f "$WIDE/${FAM/all/nemotron_h}/model.safetensors" ]; then
+  (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints "$H/ckpt" "$WIDE" --depth "$DEPTH" --family "$FAM") || exit 1   # cwd off the path: the checkout's own package
 fi
 echo "ready in $(( $(date +%s) - t0 ))s"
 F="python3 $H/src/tools/h200_fleet.py"
-$F start /tmp/wide $STATE
+[ -n "${FLEET_STOP:-}" ] && $F stop $STATE ${FLEET_STOP//,/ }
+$F start "$WIDE" $STATE
 $F tokens $STATE $(( $(left) - ${BENCH_RESERVE:-150} ))
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
 $F bench $STATE $(( $(left) - 20 ))

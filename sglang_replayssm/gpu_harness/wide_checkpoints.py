@@ -50,6 +50,19 @@ WIDTHS: dict[str, dict] = {
 }
 
 
+# --depth full: every layer of the real model (issue 29: models where the SSM's share of a step is the real one)
+FULL_DEPTH: dict[str, dict] = {
+    # Qwen3-Next-80B-A3B: 48 layers, every 4th full attention; 16 experts instead of 512 (top-10 kept) so that
+    # one server's weights are ~10 GB
+    "qwen3_next": dict(num_hidden_layers=48, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 12,
+                       num_experts=16),
+    # Nemotron-H-8B: 52 layers, 24 Mamba-2, 4 attention, 24 MLP
+    "nemotron_h": dict(num_hidden_layers=52,
+                       hybrid_override_pattern="M-M-M-M*-" + "M-M-M-M-M*-" * 3 + "M-M-M-M-M-"),
+}
+DEPTHS = ("short", "full")
+
+
 def _qwen3_next_layer(cfg: dict, i: int, kind: str) -> list[tuple[str, tuple, str]]:
     h, p = cfg["hidden_size"], f"model.layers.{i}."
     out = [(p + "input_layernorm.weight", (h,), "zeros"), (p + "post_attention_layernorm.weight", (h,), "zeros")]
@@ -142,16 +155,20 @@ def _draw(shape: tuple, init: str, cfg: dict, gen, device):
     raise ValueError(init)
 
 
-def wide_config(family: str, tiny_cfg: dict) -> dict:
+def wide_config(family: str, tiny_cfg: dict, depth: str = "short") -> dict:
+    if depth not in DEPTHS:
+        raise ValueError(f"depth must be one of {DEPTHS}, got {depth!r}")
     cfg = dict(tiny_cfg)
     cfg.update(WIDTHS[family])
+    if depth == "full":
+        cfg.update(FULL_DEPTH[family])
     cfg.pop("layers_block_type", None)       # the device's transformers 5.17 reads hybrid_override_pattern
     cfg.pop("mtp_layers_block_type", None)
     return cfg
 
 
 def write_wide_checkpoint(family: str, tiny_dir: Path, out: Path, device: str = "cuda", seed: int = 0,
-                          cfg: dict | None = None) -> Path:
+                          cfg: dict | None = None, depth: str = "short") -> Path:
     """Write ``out`` (config.json, tokenizer files, model.safetensors in bf16) for ``family``."""
     import torch
     from safetensors.torch import save_file
@@ -159,7 +176,7 @@ def write_wide_checkpoint(family: str, tiny_dir: Path, out: Path, device: str = 
     tiny_dir, out = Path(tiny_dir), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg is None:
-        cfg = wide_config(family, json.loads((tiny_dir / "config.json").read_text()))
+        cfg = wide_config(family, json.loads((tiny_dir / "config.json").read_text()), depth)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_dir / name, out / name)
     (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
@@ -178,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", choices=FAMILIES + ("all",), default="all")
     p.add_argument("--device", default="cuda")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--depth", choices=DEPTHS, default="short",
+                   help="short: the few layers above; full: every layer of the real model (FULL_DEPTH)")
     a = p.parse_args(argv)
     for fam in FAMILIES if a.family == "all" else (a.family,):
-        path = write_wide_checkpoint(fam, Path(a.tiny_dir) / fam, Path(a.out_dir) / fam, a.device, a.seed)
+        path = write_wide_checkpoint(fam, Path(a.tiny_dir) / fam, Path(a.out_dir) / fam, a.device, a.seed,
+                                     depth=a.depth)
         size = (path / "model.safetensors").stat().st_size
         print(f"{fam}: {path} ({size / 2**30:.2f} GiB)", flush=True)
     return 0

@@ -183,14 +183,7 @@ class ReplayStatePool:
 
     def reset(self, slots: Sequence[int]) -> None:
         """Zero every tensor of the slots (a fresh sequence: empty state, empty ring)."""
-        idx = self._index(self.check_slots(slots))
-        for t in self._per_slot_tensors():
-            t[:, idx] = 0
-        for t in (self.rc_scale, self.rc_gscale):
-            if t is not None and t.dtype == torch.float32:
-                t[:, idx] = 1
-        self.cursor[idx] = 0
-        self.folded[idx] = 0
+        self.reset_rows(self._index(self.check_slots(slots)))
         for s in slots:
             self._pending.pop(int(s), None)
 
@@ -450,13 +443,13 @@ class ReplayStatePool:
         """``reset`` of ``rows`` (slots on the device, unchecked; padding slot 0 may be listed and is zeroed too):
         empty state, empty ring. Device ops, no host read."""
         idx = rows.long().clamp(min=0)
-        for t in self._per_slot_tensors():
-            t[:, idx] = 0
+        for t in self._per_slot_tensors():   # index_fill_, not t[:, idx] = 0: a Python scalar set through an
+            t.index_fill_(1, idx, 0)         # index tensor is copied to the device first (a host sync on CUDA)
         for t in (self.rc_scale, self.rc_gscale):
             if t is not None and t.dtype == torch.float32:
-                t[:, idx] = 1
-        self.cursor[idx] = 0
-        self.folded[idx] = 0
+                t.index_fill_(1, idx, 1)
+        self.cursor.index_fill_(0, idx, 0)
+        self.folded.index_fill_(0, idx, 0)
 
     def refresh_read_copy(self, layer: int, slots: torch.Tensor) -> None:
         """The checkpoint of ``slots`` (device tensor) in ``layer`` was written from outside (a prefill): make the

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .pool import lookup_layer
+from .sync_check import sync_checked
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -48,6 +49,7 @@ def _per_head(t: torch.Tensor | None, H: int, like: torch.Tensor) -> torch.Tenso
 # ----------------------------------------------------------------------------- Mamba-2
 
 
+@sync_checked
 def mamba2_selective_state_update(original, state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
                                   dt_softplus=False, state_batch_indices=None, pad_slot_id=-1, out=None,
                                   disable_state_update=False, intermediate_states_buffer=None, cache_steps=None,
@@ -82,6 +84,7 @@ def mamba2_selective_state_update(original, state, x, dt, A, B, C, D=None, z=Non
 # ----------------------------------------------------------------------------- GDN / KDA
 
 
+@sync_checked
 def _delta_decode(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indices, scale=None):
     g = pool.geometry
     Bn = cache_indices.shape[0]
@@ -95,6 +98,7 @@ def _delta_decode(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     return o.to(v.dtype).reshape(1, Bn, g.num_heads, g.head_v_dim)
 
 
+@sync_checked
 def _delta_verify(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indices, scale=None):
     g = pool.geometry
     Bn = cache_indices.shape[0]
@@ -172,6 +176,7 @@ def _replay_pool(backend):
     return pool if getattr(pool, "replay", None) is not None else None
 
 
+@sync_checked
 def _after_extend(backend, layer_id: int, forward_batch) -> None:
     pool = _replay_pool(backend)
     if pool is None or not forward_batch.forward_mode.is_extend() or forward_batch.forward_mode.is_target_verify():
@@ -216,6 +221,7 @@ def tree_parents(spec_info, bs: int, T: int, device) -> torch.Tensor:
     return par[:, :T].to(torch.int32)
 
 
+@sync_checked
 def note_step(backend, forward_batch) -> None:
     """After a backend computed its per-step metadata: note decode rows, or open the verify."""
     pool = _replay_pool(backend)

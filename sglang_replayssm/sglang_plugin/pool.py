@@ -43,6 +43,7 @@ from sglang_replayssm.pool import ReplayStatePool, SSMGeometry
 
 from . import metrics
 from .options import active_options, ops_backend
+from .sync_check import sync_checked
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +226,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.settle()
         self._pending_decode = slots.to(torch.long).clamp(min=0)
 
+    @sync_checked
     def settle(self) -> None:
         """Apply the deferred cursor move of the last decode step. Only once all layers of that step ran:
         called after ``ModelRunner.forward`` and at the start of the next step's metadata, never from the
@@ -239,6 +241,7 @@ class ReplayMambaPool(_SGLangMambaPool):
             self._copy_tracked(*self._pending_track)
             self._pending_track = None
 
+    @sync_checked
     def note_track(self, src: torch.Tensor, mask: torch.Tensor, dst: torch.Tensor, bs: int) -> None:
         """This decode step's rows ``src`` with ``mask`` set are at a track boundary of the radix cache
         (``--mamba-radix-cache-strategy extra_buffer``): their state after the step goes to ``dst``. Done
@@ -256,6 +259,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.replay.copy_slots(s, d)
         self.replay.ops.copy_slots(self.mamba_cache.conv, s, d, 1)
 
+    @sync_checked
     def open_verify(self, parents: torch.Tensor | None) -> None:
         """A target verify is about to run (its kernels append the draft records at cursor..): settle the last
         decode step and keep this step's tree ``parents`` [B, T] (int32 on the device; None: chains) in one
@@ -272,6 +276,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         buf[:bs].copy_(parents, non_blocking=True)
         self.verify_parents = buf[:bs]
 
+    @sync_checked
     def commit_verify(self, slots: torch.Tensor, accepted: torch.Tensor, nodes: torch.Tensor | None,
                       num_drafts: int) -> None:
         """Commit the open verify of ``slots`` [B] (device; padding rows <= 0): ``accepted`` [B] drafts (bonus
@@ -284,11 +289,13 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.replay.commit_rows(slots, acc, nodes)
         self.verify_parents = None
 
+    @sync_checked
     def flush_rows(self, slots: torch.Tensor) -> None:
         """Fold committed records of ``slots`` into their checkpoints (before SGLang's prefill reads them)."""
         self.settle()
         self.replay.flush_rows(slots)
 
+    @sync_checked
     def after_prefill(self, layer: int, slots: torch.Tensor) -> None:
         """SGLang's prefill wrote the final state into the checkpoint of ``slots`` (device; padding <= 0):
         empty ring, and the read copy (if any) refreshed from it. Device ops, no host read."""
@@ -351,9 +358,10 @@ class ReplayMambaPool(_SGLangMambaPool):
             return
         if self._acc_copy is not None:
             host, done = self._acc_copy
-            if not (wait or done.query()):
-                return
-            done.synchronize()
+            if not done.query():
+                if not wait:
+                    return
+                done.synchronize()
             self._acc_copy = None
             self._publish(host.tolist())   # noqa: host-read (a finished copy in pinned memory: no device wait)
         self._steps_since_metrics = 0
@@ -392,6 +400,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         metrics.set_gauge("replayssm:ring_occupancy", occupancy)
 
     # ------------------------------------------------------------------ SGLang's slot operations
+    @sync_checked
     def clear_slots(self, indices: torch.Tensor):
         if self.replay is None:
             return super().clear_slots(indices)
@@ -402,6 +411,7 @@ class ReplayMambaPool(_SGLangMambaPool):
             conv.index_fill_(1, idx64, 0)
         self.replay.reset_rows(idx64)
 
+    @sync_checked
     def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
         """Copy-on-write of a cached prefix: fold the source's committed records (flush at the cached
         boundary), then fork checkpoint + read copy (+ empty ring) into the destination. Device ops."""

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from .sync_check import sync_checked
+
 
 def _replay_pool(req_pool):
     pool = getattr(req_pool, "mamba_pool", None)
@@ -102,6 +104,7 @@ def rollback_conv(backend_cls, pool, slots_t: torch.Tensor, last_steps: torch.Te
         backend_cls._scatter_speculative_state_with_mask(conv, windows, slots_t, last_steps, src_rows)
 
 
+@sync_checked
 def _commit(backend_cls, pool, slots: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor | None, T: int,
             track: torch.Tensor | None, steps: torch.Tensor | None, src_rows) -> None:
     """One verify's commit: the track slots first (from the live rows with their open verify), then the live

@@ -57,3 +57,19 @@ def test_wide_checkpoint_written_on_cpu(tiny_dir, tmp_path, family):
     assert {d for _, d in shapes.values()} == {"BF16"}
     assert json.loads((out / "config.json").read_text()) == small
     assert (out / "tokenizer.json").read_bytes() == (tiny_dir / family / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("family", wc.FAMILIES)
+def test_full_depth_config_has_every_layer_of_the_real_model(tiny_dir, family):
+    """--depth full: Qwen3-Next-80B's 48 layers (36 GDN, every 4th attention), Nemotron-H-8B's 52 (24 Mamba-2,
+    4 attention, 24 MLP); the tensor specs cover each layer."""
+    cfg = wc.wide_config(family, json.loads((tiny_dir / family / "config.json").read_text()), depth="full")
+    kinds = cfg["layer_types"] if family == "qwen3_next" else list(cfg["hybrid_override_pattern"])
+    assert len(kinds) == cfg["num_hidden_layers"] == {"qwen3_next": 48, "nemotron_h": 52}[family]
+    ssm = kinds.count("linear_attention") + kinds.count("M")
+    assert ssm == {"qwen3_next": 36, "nemotron_h": 24}[family]
+    prefix = "model.layers." if family == "qwen3_next" else "backbone.layers."
+    layers = {name[len(prefix):].split(".")[0] for name, _, _ in wc.tensor_specs(family, cfg) if name.startswith(prefix)}
+    assert layers == {str(i) for i in range(len(kinds))}
+    with pytest.raises(ValueError, match="depth"):
+        wc.wide_config(family, {}, depth="deep")

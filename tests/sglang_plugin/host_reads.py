@@ -1,6 +1,7 @@
 """A guard that records every device -> host read made by the project's own step code.
 
-On a GPU such a read (``tensor.tolist()``, ``.item()``, ``int(t)``, ``if t:``, a boolean-mask index, ``nonzero``)
+On a GPU such a read (``tensor.tolist()``, ``.item()``, ``int(t)``, ``if t:``, a boolean-mask index, ``nonzero``,
+and ``t[idx] = 0``, whose scalar is copied to the device first)
 makes the host wait for the device: the overlap scheduler stalls and the step cannot be captured in a CUDA
 graph. On this CPU machine nothing waits, so the guard finds them by their call sites instead: it wraps the
 torch entry points that read a tensor's values on the host and records each call whose caller is a file of
@@ -55,8 +56,13 @@ class HostReads:
     def _wrap_index(self, name, fn):
         def wrapper(t, idx, *rest):
             items = idx if isinstance(idx, tuple) else (idx,)
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items):
+            tensors = [i for i in items if isinstance(i, torch.Tensor)]
+            if any(i.dtype == torch.bool for i in tensors):
                 self._note(f"{name} with a boolean mask")
+            elif tensors and rest and isinstance(rest[0], (int, float, bool)):
+                # t[idx] = 0: the scalar goes to the device as a tensor first, a synchronizing copy on CUDA
+                # (seen on the H200 under set_sync_debug_mode); index_fill_ / a device tensor value do not
+                self._note(f"{name} of a Python scalar through an index tensor")
             return fn(t, idx, *rest)
         return wrapper
 
