@@ -23,6 +23,7 @@ from .errors import BadSlotError, CommitError, ConfigError, DoubleFreeError, Dra
 logger = logging.getLogger(__name__)
 
 PADDING_SLOT = 0
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # chain commits of up to this many rows replay a captured CUDA graph on CUDA (one graph per row count, at
 # most this many kept): below it a commit's ~15 launches cost more host time than device time
 COMMIT_GRAPH_MAX_BATCH = 64
@@ -443,8 +444,10 @@ class ReplayStatePool:
         """``reset`` of ``rows`` (slots on the device, unchecked; padding slot 0 may be listed and is zeroed too):
         empty state, empty ring. Device ops, no host read."""
         idx = rows.long().clamp(min=0)
-        for t in self._per_slot_tensors():   # index_fill_, not t[:, idx] = 0: a Python scalar set through an
-            t.index_fill_(1, idx, 0)         # index tensor is copied to the device first (a host sync on CUDA)
+        # index_fill_, not t[:, idx] = 0: a Python scalar set through an index tensor is copied to the device
+        # first (a host sync on CUDA); zero bits through an integer view (CUDA has no fp8 index_fill_)
+        for t in self._per_slot_tensors():
+            t.view(_SAME_SIZE_INT[t.element_size()]).index_fill_(1, idx, 0)
         for t in (self.rc_scale, self.rc_gscale):
             if t is not None and t.dtype == torch.float32:
                 t.index_fill_(1, idx, 1)
