@@ -121,7 +121,9 @@ def plot(data: dict, path: Path) -> None:
         ax.set_title(title)
     if nr > 1:
         axes[0].legend(fontsize=8)
-    fig.suptitle("SGLang 0.5.23 bench_serving on one H200, CUDA graphs on (random 512 in / 256 out, rate inf)\n"
+    first = next((m for _, ms in rows for m in ms.values()), {})
+    fig.suptitle(f"SGLang 0.5.23 bench_serving on one H200, CUDA graphs on (random {first.get('random_input_len')} in"
+                 f" / {first.get('random_output_len')} out, rate inf)\n"
                  "servers up together, benchmarked one at a time; rows of one call are one run", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -131,15 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--call", action="append", required=True, help="LABEL=path/to/results.json (repeat)")
     p.add_argument("--out", required=True, help="output path without suffix (.json and .png are written)")
+    p.add_argument("--device-command", default=DEVICE_COMMAND, help="what ran on the device (for the meta)")
+    p.add_argument("--note", default="a call label names one run (UTC): its servers were started once and each row "
+                                      "benchmarked while the others idled; rows of different labels are different runs")
     a = p.parse_args(argv)
     calls = dict(c.split("=", 1) for c in a.call)
     data = gather(calls)
     out = Path(a.out)
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"command": "python bench/sglang_h200_fleet.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "device_command": DEVICE_COMMAND, "device": "1x NVIDIA H200 (device tool), torch 2.11, Triton 3.6",
-            "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "note": "a call label names one run (UTC, 2026-12-02): its servers were started once and each row "
-                    "benchmarked while the others idled; rows of different labels are different runs"}
+            "device_command": a.device_command, "device": "1x NVIDIA H200 (device tool), torch 2.11, Triton 3.6",
+            "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": head, "note": a.note}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "calls": data}, indent=1))
     plot(data, out.with_suffix(".png"))
     print(table(data))
