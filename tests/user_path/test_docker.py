@@ -46,7 +46,7 @@ def header_commands() -> list[str]:
 def test_dockerignore_keeps_out_what_an_image_must_not_carry():
     pats = ignore_patterns()
     for path in (".git/HEAD", ".venv/bin/python", "sub/.venv/lib/x.py", "sglang_replayssm/__pycache__/launch.cpython-311.pyc",
-                 "sglang_replayssm/native/x.pyc", ".pytest_cache/v", ".hypothesis/examples/a", ".h200/src/tools/h200_fleet.sh",
+                 "sglang_replayssm/native/x.pyc", ".pytest_cache/v", ".hypothesis/examples/a", ".h200/src/bench/h200/h200_fleet.sh",
                  ".peer/sglang/kernels/ops.py", ".fi/fi.tar.xz", "bench/results/kernels_b256_s8.json", "docs/history/runs.md",
                  "sglang_replayssm.egg-info/PKG-INFO", "tests/conftest.py"):
         assert excluded(path, pats), path

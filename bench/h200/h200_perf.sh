@@ -3,7 +3,7 @@
 # (each part fits the 10-minute limit of a call; ~30 minutes of device time for all of them).
 #
 # On the dev box first: SGLang 0.5.23's own kernels into the git-ignored .peer/ (bench/README.md, kernels.py)
-# Then, per device call (carry [".peer"]):   PART=<part> OUT=$OUT bash tools/h200_perf.sh
+# Then, per device call (carry [".peer"]):   PART=<part> OUT=$OUT bash bench/h200/h200_perf.sh
 #
 # PART:
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
