@@ -23,7 +23,8 @@
 #                  costliest kernels;
 #                  writes e2e_<TAG, default b256>_<model>.json
 #   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
-# Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
+# Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/ and stamp them
+# (python bench/stamp_meta.py FILE: meta.commit, bench/README.md "Result files").
 set -uo pipefail
 PY=${PY:-python3}
 OUT=${OUT:?set OUT}

@@ -11,8 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "bench" / "results").glob("*.json"))
-HOW = ("give it a `meta` with command, device, time and commit (git rev-parse HEAD of the tree that ran; "
-       "bench/README.md, 'Result files')")
+HOW = ("give it a `meta` with command, device, time and commit: python bench/stamp_meta.py FILE "
+       "(bench/README.md, 'Result files')")
 
 
 def nonempty(value) -> bool:
@@ -59,3 +59,24 @@ def test_meta_commits_exist_in_history():
     if missing and shallow:
         pytest.skip("a shallow clone lacks the history")
     assert not missing, missing
+
+
+def test_stamp_meta_completes_a_new_result(tmp_path):
+    """bench/stamp_meta.py (what a new result gets before it is committed) gives the meta this file checks."""
+    import subprocess
+    import sys
+
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"command": "python bench/x.py", "device_name": "NVIDIA H200",
+                               "time": "2026-12-03 10:00:00 UTC", "rows": [1]}, indent=1))
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"rows": []}))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "stamp_meta.py"), "--commit", commit, str(new), str(bare)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "bare.json: no command" in r.stderr, (r.stdout, r.stderr)
+    test_result_has_meta(new)
+    data = json.loads(new.read_text())
+    assert data["meta"] == {"command": "python bench/x.py", "device": "NVIDIA H200", "time": "2026-12-03 10:00:00 UTC",
+                            "commit": commit} and data["rows"] == [1]
+    assert json.loads(bare.read_text()) == {"rows": []}   # left untouched
