@@ -52,7 +52,7 @@ def test_extras_named_in_readme_exist():
 
 
 def test_ray_cluster_lines_parse_for_the_scheduler():
-    (words,) = launch_lines("Ray cluster")
+    words = [w for w in launch_lines("Ray cluster") if "--replicas" in w][0]
     common, rest = split(words)
     assert common.replicas >= 1 and common.ray_address == "auto" and common.engine == "sglang"
     common.engine_argv = rest
@@ -74,7 +74,7 @@ def test_cpu_lines_are_the_tested_commands(tmp_path):
     assert r.returncode == 0, r.stderr
     tested = "\n".join(p.read_text() for p in TESTED)
     launches = launch_lines("Using it")
-    assert len(launches) == 2
+    assert len(launches) >= 2 and any("--replicas" in w for w in launches)
     for words in launches:
         for w in words:
             if w.startswith("--"):
@@ -122,7 +122,7 @@ def test_sglang_lines_parse_with_sglang_and_the_plugin():
                 common.engine_argv = rest
                 rest = options_from_args(common).engine_argv
             engine_lines.append([w for w in rest if w not in ("--device", "cpu")])   # the CPU harness's flag
-    assert len(engine_lines) == 3, engine_lines
+    assert len(engine_lines) >= 3, engine_lines
     r = subprocess.run([sys.executable, "-c", SGLANG_PARSE, json.dumps(engine_lines)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
