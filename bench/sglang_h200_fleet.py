@@ -1,4 +1,4 @@
-"""Issue 21's H200 serving numbers: gather the device calls of ``tools/h200_fleet.sh`` into one JSON + PNG.
+"""Issue 21's H200 serving numbers: gather the device calls of ``bench/h200/h200_fleet.sh`` into one JSON + PNG.
 
     python bench/sglang_h200_fleet.py --out bench/results/sglang_h200_fleet \\
         --call 3=/path/to/call3/results.json --call 5=/path/to/call5/results.json ...
@@ -6,7 +6,7 @@
 Each ``--call LABEL=results.json`` is one device call's ``results.json`` (servers, greedy tokens, SGLang
 ``bench_serving`` rows). Writes ``OUT.json`` (``meta``; per call: servers that served, greedy-token divergence
 positions, every bench row's metrics) and ``OUT.png`` (output throughput and median ITL per row), and
-prints the markdown table of docs/sglang_on_gpu.md.
+prints the markdown table of bench/h200/README.md.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-# what each call ran on the device (docs/sglang_on_gpu.md; FLEET_ONLY / FLEET_EXTRA varied per call)
-DEVICE_COMMAND = "set -o pipefail; [FLEET_ONLY=...] [FLEET_EXTRA=...] BUDGET=... bash .h200/src/tools/h200_fleet.sh " \
+# what each call ran on the device (bench/h200/README.md; FLEET_ONLY / FLEET_EXTRA varied per call)
+DEVICE_COMMAND = "set -o pipefail; [FLEET_ONLY=...] [FLEET_EXTRA=...] BUDGET=... bash .h200/src/bench/h200/h200_fleet.sh " \
                  "2>&1 | tee $OUT/log   (carry [\".h200\"])"
 
 METRICS = ("output_throughput", "median_itl_ms", "mean_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_ttft_ms",
@@ -60,7 +60,7 @@ ROW_NAME = re.compile(r"^(?P<server>.+)_c(?P<conc>\d+)(?:_r(?P<round>\d+))?$")
 
 
 def parse_row(row: str) -> tuple[str, int, int]:
-    """A bench row's file stem (tools/h200_fleet.py: NAME_cC, NAME_cC_rK for round K > 1) as (server, concurrency,
+    """A bench row's file stem (bench/h200/h200_fleet.py: NAME_cC, NAME_cC_rK for round K > 1) as (server, concurrency,
     round)."""
     m = ROW_NAME.match(row)
     if m is None:

@@ -2,11 +2,14 @@
 
     --engine native   the compact engine of sglang_replayssm.native (CPU or GPU); with no --model-path
                       it serves a small built-in model (byte-level tokenizer) within seconds
-    --engine sglang   SGLang's server with the ReplaySSM plugin (needs sglang; a GPU, or --device cpu
-                      for the CPU harness: tiny models, slow, defaults of sglang_replayssm.cpu_harness)
-    --engine auto     sglang when it is importable and CUDA is available, else native (default)
+    --engine sglang   SGLang's server with the ReplaySSM plugin (pip install 'sglang-replayssm[sglang]');
+                      a GPU, or --device cpu for the CPU harness: tiny models, slow, defaults of
+                      sglang_replayssm.cpu_harness
+    --engine auto     sglang when it is importable and CUDA is available, else native (default); the first
+                      line printed names the engine chosen and why
     --replicas N      N engine replicas on Ray Serve behind a cache- and load-aware router
-                      (--ray-address joins a cluster; every other flag goes to the replicas).
+                      (pip install 'sglang-replayssm[ray]'; --ray-address joins a cluster; every other
+                      flag goes to the replicas).
                       --engine auto is resolved on the launching host: from a CPU-only head node
                       pass --engine sglang for GPU replicas.
 
@@ -24,14 +27,35 @@ from .flags import FlagError, ReplaySSMOptions, add_replayssm_args
 ENGINES = ("auto", "native", "sglang")
 
 
-def resolve_engine(engine: str) -> str:
+EXTRA_SGLANG = "pip install 'sglang-replayssm[sglang]'"
+
+
+def choose_engine(engine: str) -> tuple[str, str]:
+    """The engine to run and why, for the first banner line. Imports neither sglang nor torch unless
+    --engine auto has to ask whether CUDA is there."""
     if engine != "auto":
-        return engine
+        return engine, f"--engine {engine}"
     if importlib.util.find_spec("sglang") is None:
-        return "native"
+        return "native", f"--engine auto: sglang is not installed; {EXTRA_SGLANG} on a GPU machine for SGLang"
     import torch
 
-    return "sglang" if torch.cuda.is_available() else "native"
+    if not torch.cuda.is_available():
+        return "native", ("--engine auto: sglang is installed but no CUDA GPU is visible; "
+                          "--engine sglang --device cpu runs SGLang's CPU harness (tiny models, slow)")
+    return "sglang", "--engine auto: sglang is installed and a CUDA GPU is present; --engine native for the compact engine"
+
+
+def resolve_engine(engine: str) -> str:
+    return choose_engine(engine)[0]
+
+
+def engine_line(engine: str, why: str, replicas: int | None) -> str:
+    where = f"{replicas} Ray Serve replica(s) of engine {engine}" if replicas is not None else f"engine {engine}"
+    return f"sglang-replayssm: {where} ({why})"
+
+
+def sglang_missing_error() -> str:
+    return f"error: --engine sglang needs SGLang, which is not installed: {EXTRA_SGLANG}"
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -215,10 +239,21 @@ def main(argv: list[str] | None = None) -> int:
         add_scheduler_args(parser)
         parser.print_help()
         return 0
-    engine = resolve_engine(common.engine)
+    if common.replicas is not None and common.replicas < 1:
+        pre.error(f"--replicas: must be >= 1, got {common.replicas}")
+    engine, why = choose_engine(common.engine)
     if common.replicas is not None:
-        if common.replicas < 1:
-            pre.error(f"--replicas: must be >= 1, got {common.replicas}")
+        from .scheduler.serve_app import ray_missing_error   # imports no ray
+
+        error = ray_missing_error()
+        if error is not None:
+            print(error, file=sys.stderr)
+            return 2
+    elif engine == "sglang" and importlib.util.find_spec("sglang") is None:
+        print(sglang_missing_error(), file=sys.stderr)
+        return 2
+    print(engine_line(engine, why, common.replicas), flush=True)
+    if common.replicas is not None:
         from . import scheduler
 
         common.engine, common.engine_argv = engine, rest

@@ -2,9 +2,9 @@
 
 For the H200 lent to this project: torch 2.11 / Triton 3.6 / Python 3.12, no internet, no SGLang.
 SGLang's Python code and its pure-Python (and small binary) dependencies travel as wheels
-(``tools/h200_wheels.sh`` builds them, ``tools/h200_wheels.txt`` lists them); its 373 MB compiled kernel
+(``bench/h200/h200_wheels.sh`` builds them, ``bench/h200/h200_wheels.txt`` lists them); its 373 MB compiled kernel
 wheel does not, and ``bridge.py`` stands in for it. Switched on by ``activate()`` in the launching
-process (``tools/h200_serve.py`` does); nothing here runs unless asked.
+process (``bench/h200/h200_serve.py`` does); nothing here runs unless asked.
 
 ``activate()``: ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1``, ``site/`` first on ``PYTHONPATH`` (its
 ``sitecustomize`` installs the bridge in every process SGLang spawns, before they import SGLang) and the

@@ -344,20 +344,40 @@ def start(opts: SchedulerOptions, blocking_timeout_s: float = 900.0) -> str:
     return f"http://{host}:{opts.port}"
 
 
+def ray_missing_error(e: ImportError | None = None) -> str | None:
+    """The one-line error naming the extra to install when Ray Serve is missing (`e`: an ImportError met
+    while importing it), else None. Without `e` it only looks for the `ray` package, importing nothing
+    (connect_ray sets Ray's loopback mode before ray is first imported)."""
+    import importlib.util
+
+    if e is None and importlib.util.find_spec("ray") is not None:
+        return None
+    why = (str(e).splitlines()[0] if str(e) else type(e).__name__) if e is not None else "No module named 'ray'"
+    return f"error: --replicas needs Ray Serve, which is not installed ({why}): pip install 'sglang-replayssm[ray]'"
+
+
 def launch_replicas(args: Any) -> int:
     """Entry point for `python -m sglang_replayssm.launch --replicas N ...`; blocks until SIGINT/SIGTERM.
 
-    A bad flag or an unreachable Ray cluster prints `error: --flag: reason` and returns 2."""
+    A bad flag or an unreachable Ray cluster prints `error: --flag: reason` and returns 2; so does a
+    machine without Ray Serve (the message names the extra to install)."""
+    error = ray_missing_error()
+    if error is not None:
+        print(error, file=sys.stderr)
+        return 2
     try:
         opts = options_from_args(args)
         if opts.ray_address in (None, "", "local"):   # the Serve proxy will listen on this host
             check_port_free(opts.host, opts.port)
         connect_ray(opts)
         check_capacity(opts)
+        from ray import serve
     except SchedulerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from ray import serve
+    except ImportError as e:   # ray without its [serve] extra
+        print(ray_missing_error(e), file=sys.stderr)
+        return 2
 
     url = start(opts)
     print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s) behind the router at {url} "

@@ -1,4 +1,4 @@
-"""The H200 fleet's bookkeeping (tools/h200_fleet.py, bench/sglang_h200_fleet.py), on made-up results.
+"""The H200 fleet's bookkeeping (bench/h200/h200_fleet.py, bench/sglang_h200_fleet.py), on made-up results.
 
 The greedy-token comparison names the first differing token of each prompt against the stock server of the
 same family; the gatherer keeps every bench row's metrics and writes JSON + PNG; the local ShareGPT-shaped
@@ -22,7 +22,7 @@ def _load(path: Path, name: str):
     return mod
 
 
-fleet = _load(ROOT / "tools" / "h200_fleet.py", "h200_fleet")
+fleet = _load(ROOT / "bench" / "h200" / "h200_fleet.py", "h200_fleet")
 gather = _load(ROOT / "bench" / "sglang_h200_fleet.py", "sglang_h200_fleet")
 
 STOCK = [[1, 2, 3, 4], [5, 6, 7, 8]]

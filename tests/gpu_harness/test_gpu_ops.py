@@ -1,6 +1,6 @@
 """The GPU harness's PyTorch stand-ins for compiled sgl_kernel ops (sglang_replayssm/gpu_harness/gpu_ops.py),
 against plain loop/formula references. The ops are device-agnostic PyTorch, so they are checked here on CPU
-tensors; on the H200 tools/h200_probe.py checks them against SGLang's own implementations on CUDA."""
+tensors; on the H200 bench/h200/h200_probe.py checks them against SGLang's own implementations on CUDA."""
 
 from __future__ import annotations
 

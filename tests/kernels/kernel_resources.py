@@ -191,7 +191,7 @@ def make_inputs(geo, B, T=None, dtype=torch.bfloat16):
                 b=r(*lead, H), A_log=torch.zeros(H), dt_bias=torch.zeros(H, Dk) if kda else torch.zeros(H))
 
 
-# the blocks the fourth H200 run sweeps (tools/h200_perf.sh PART=sweep-verify), besides the defaults
+# the blocks the fourth H200 run sweeps (bench/h200/h200_perf.sh PART=sweep-verify), besides the defaults
 FOLD_CONFIGS = ((32, 128, 4), (64, 128, 4), (32, 64, 4), (64, 128, 8), (16, 128, 2))
 MMA_VERIFY_CONFIGS = ((32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 8), (32, 128, 8))
 

@@ -1,7 +1,7 @@
 """Greedy tokens from a running SGLang server, for the stock-vs-plugin comparison of issue 21.
 
-    python3 tools/h200_query.py PORT OUT.json [PID]  # wait for /health (giving up when PID dies), query, write OUT.json
-    python3 tools/h200_query.py --compare A.json B.json
+    python3 bench/h200/h200_query.py PORT OUT.json [PID]  # wait for /health (giving up when PID dies), query, write OUT.json
+    python3 bench/h200/h200_query.py --compare A.json B.json
 
 Each prompt alone, then all of them in one batched request; ``temperature 0``, 32 new tokens, EOS
 ignored. ``--compare`` prints, per prompt, whether the two runs' output ids agree and where they part.

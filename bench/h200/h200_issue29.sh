@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29 on the H200 (device tool, carry [".h200"], the bundle of tools/h200_wheels.sh): one phase per call,
+# Issue 29 on the H200 (device tool, carry [".h200"], the bundle of bench/h200/h200_wheels.sh): one phase per call,
 # every call going on from the last on the warm machine (state in /tmp/fleet):
 #   PHASE=check  CUDA checks of the commit's kernels (pytest, TRITON_INTERPRET=0); two plugin servers with
 #                SGLANG_REPLAYSSM_SYNC_CHECK=1 (GDN and Mamba-2, 4-layer wide models, NGRAM tree drafts,
@@ -18,7 +18,7 @@ if [ ! -f /tmp/site/.installed ]; then
   tar xJf "$H/sglang_tree.tar.xz" -C /tmp/site && touch /tmp/site/.installed
 fi
 rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
-F="python3 $H/src/tools/h200_fleet.py"
+F="python3 $H/src/bench/h200/h200_fleet.py"
 WAVE1=gdn_stock_ngram,gdn_sglang_replayssm_ngram,gdn_ours_fp32_ngram
 export FLEET_MAX_RUNNING=${FLEET_MAX_RUNNING:-128} FLEET_TOTAL_TOKENS=${FLEET_TOTAL_TOKENS:-196608}
 wide() {   # wide checkpoints (DEPTH FAMILY DIR), once per machine

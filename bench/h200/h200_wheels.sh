@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Build what SGLang 0.5.23 needs on the H200 machine (Python 3.12, torch 2.11, no internet), for the GPU
-# harness of issue 21 (docs/sglang_on_gpu.md). Run here, from the repo root of the checkout the device tool
-# sends (/work/main): ./tools/h200_wheels.sh [DEST] (default .h200, which must be git-ignored).
-#   DEST/whl/*.whl          the wheels of tools/h200_wheels.txt (cp312 manylinux x86_64, or pure Python)
+# harness of issue 21 (bench/h200/README.md). Run here, from the repo root of the checkout the device tool
+# sends (/work/main): ./bench/h200/h200_wheels.sh [DEST] (default .h200, which must be git-ignored).
+#   DEST/whl/*.whl          the wheels of bench/h200/h200_wheels.txt (cp312 manylinux x86_64, or pure Python)
 #   DEST/sglang_tree.tar.xz sglang 0.5.23 (its cp312 wheel without the optional Rust extensions *.so and
 #                           without sglang/multimodal_gen), sgl_kernel's pure-Python wrappers (no *.so; the
 #                           harness stands in for the compiled ops) and an entry-point record for our plugin
-#   DEST/src                this checkout's sglang_replayssm/ and tools/
+#   DEST/src                this checkout's sglang_replayssm/ and bench/h200/
 #   DEST/ckpt               the tiny Qwen3-Next and Nemotron-H checkpoints (cpu_harness/tiny_checkpoints.py)
 # Nothing here is committed. Needs pip (network) and the project's .venv (sglang-kernel's wrappers).
 set -euo pipefail
 DEST=${1:-.h200}
-SRC=$(cd "$(dirname "$0")/.." && pwd)
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PY:-/work/main/.venv/bin/python}
 CACHE=${CACHE:-/tmp/h200_download}
 mkdir -p "$DEST/whl" "$CACHE"
@@ -19,7 +19,7 @@ rm -f "$DEST"/whl/*.whl
 PLAT=(--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_26_x86_64
       --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64
       --platform manylinux_2_24_x86_64 --platform manylinux1_x86_64 --platform any)
-grep -v '^#' "$SRC/tools/h200_wheels.txt" | grep . | while read -r req; do
+grep -v '^#' "$SRC/bench/h200/h200_wheels.txt" | grep . | while read -r req; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --abi cp312 --abi abi3 --abi none "${PLAT[@]}" -d "$CACHE" "$req"
   name=${req%%==*}; ver=${req##*==}
@@ -54,7 +54,7 @@ add(di + "entry_points.txt", b"[sglang.srt.plugins]\nreplayssm = sglang_replayss
 tar.close()
 PY
 rm -rf "$DEST/src"; mkdir -p "$DEST/src"
-(cd "$SRC" && tar cf - --exclude=__pycache__ sglang_replayssm tools) | tar xf - -C "$DEST/src"
+(cd "$SRC" && tar cf - --exclude=__pycache__ sglang_replayssm bench/h200) | tar xf - -C "$DEST/src"
 rm -rf "$DEST/src/sglang_replayssm/native/assets"
 if [ ! -d "$DEST/ckpt/qwen3_next" ]; then
   PYTHONPATH="$SRC" "$PY" -m sglang_replayssm.cpu_harness.tiny_checkpoints "$DEST/ckpt" >/dev/null

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 21 on the H200 (device tool): install what tools/h200_wheels.sh built, probe SGLang's imports and
-# the bridge's ops (tools/h200_probe.py), then start the real server, stock and with our plugin, on the tiny
-# Qwen3-Next and Nemotron-H checkpoints and compare greedy tokens (tools/h200_query.py).
-#   bash .h200/src/tools/h200_device.sh "RUNS" [EXTRA SGLang FLAGS...]
+# Issue 21 on the H200 (device tool): install what bench/h200/h200_wheels.sh built, probe SGLang's imports and
+# the bridge's ops (bench/h200/h200_probe.py), then start the real server, stock and with our plugin, on the tiny
+# Qwen3-Next and Nemotron-H checkpoints and compare greedy tokens (bench/h200/h200_query.py).
+#   bash .h200/src/bench/h200/h200_device.sh "RUNS" [EXTRA SGLang FLAGS...]
 # RUNS: space-separated NAME:MODE:MODEL[:FLAGSET], MODE stock|plugin, MODEL qwen3_next|nemotron_h,
 # FLAGSET (optional) one of the names below. Writes at most 8 files to $OUT (the device tool's limit).
 set -u
@@ -15,7 +15,7 @@ tar xJf "$H/sglang_tree.tar.xz" -C /tmp/site
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
 echo "installed in $(( $(date +%s) - t0 ))s"
 if [ "${PROBE:-1}" = 1 ]; then
-  python3 -m pip list 2>/dev/null > "$OUT/pip_list.txt" timeout 240 python3 "$H/src/tools/h200_probe.py" > "$OUT/probe.txt" 2>&1; cat "$OUT/probe.txt"; fi
+  python3 -m pip list 2>/dev/null > "$OUT/pip_list.txt" timeout 240 python3 "$H/src/bench/h200/h200_probe.py" > "$OUT/probe.txt" 2>&1; cat "$OUT/probe.txt"; fi
 declare -A FLAGSETS=(
   [nograph]="--disable-cuda-graph"
   [graph]="--cuda-graph-max-bs-decode 16"   # 0.5.23: --cuda-graph-max-bs is ambiguous (-decode, -prefill)
@@ -28,11 +28,11 @@ for run in $RUNS; do
   flags=${FLAGSETS[${fs:-nograph}]}
   echo "=== $name: $mode $model $flags $*" | tee -a "$OUT/servers.log"
   s=$(date +%s)
-  setsid python3 "$H/src/tools/h200_serve.py" "$mode" --model-path "$H/ckpt/$model" --host 127.0.0.1 \
+  setsid python3 "$H/src/bench/h200/h200_serve.py" "$mode" --model-path "$H/ckpt/$model" --host 127.0.0.1 \
       --port $port --dtype bfloat16 --mem-fraction-static 0.6 --max-running-requests 32 $flags "$@" \
       > "$OUT/server_$name.log" 2>&1 &
   pid=$!
-  if timeout "${SERVE_TIMEOUT:-180}" python3 "$H/src/tools/h200_query.py" $port "$OUT/res_$name.json" $pid; then
+  if timeout "${SERVE_TIMEOUT:-180}" python3 "$H/src/bench/h200/h200_query.py" $port "$OUT/res_$name.json" $pid; then
     echo "RESULT $name ok in $(( $(date +%s) - s ))s" | tee -a "$OUT/servers.log"
   else
     echo "RESULT $name FAILED after $(( $(date +%s) - s ))s" | tee -a "$OUT/servers.log"
@@ -47,7 +47,7 @@ for m in qwen3_next nemotron_h; do
   for a in "$OUT"/res_stock_$m*.json; do
     [ -f "$a" ] || continue
     for b in "$OUT"/res_plugin_$m*.json; do
-      [ -f "$b" ] && { echo "compare $(basename $a) vs $(basename $b)"; python3 "$H/src/tools/h200_query.py" --compare "$a" "$b"; }
+      [ -f "$b" ] && { echo "compare $(basename $a) vs $(basename $b)"; python3 "$H/src/bench/h200/h200_query.py" --compare "$a" "$b"; }
     done
   done
 done | tee "$OUT/compare.txt"

@@ -3,7 +3,7 @@
 # (each part fits the 10-minute limit of a call; ~30 minutes of device time for all of them).
 #
 # On the dev box first: SGLang 0.5.23's own kernels into the git-ignored .peer/ (bench/README.md, kernels.py)
-# Then, per device call (carry [".peer"]):   PART=<part> OUT=$OUT bash tools/h200_perf.sh
+# Then, per device call (carry [".peer"]):   PART=<part> OUT=$OUT bash bench/h200/h200_perf.sh
 #
 # PART:
 #   sweep-gdn      bench/kernels.py --sweep for GDN 16/32 (decode configs incl. stages; verify fma/mma/split)
@@ -23,7 +23,8 @@
 #                  costliest kernels;
 #                  writes e2e_<TAG, default b256>_<model>.json
 #   e2e-stages     bench/e2e.py at B = 256, fused on, split decode with a pipelined state loop (STAGES, 2)
-# Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/.
+# Writes logs and JSON/PNG results under $OUT; copy the ones worth keeping into bench/results/ and stamp them
+# (python bench/stamp_meta.py FILE: meta.commit, bench/README.md "Result files").
 set -uo pipefail
 PY=${PY:-python3}
 OUT=${OUT:?set OUT}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 21, steps 2-3 on the H200 (device tool, carry [".h200"]; docs/sglang_on_gpu.md):
-#   BUDGET=560 bash .h200/src/tools/h200_fleet.sh
+# Issue 21, steps 2-3 on the H200 (device tool, carry [".h200"]; bench/h200/README.md):
+#   BUDGET=560 bash .h200/src/bench/h200/h200_fleet.sh
 # installs the wheels (once per machine), writes the wide checkpoints (gpu_harness.wide_checkpoints, once),
-# starts every server of tools/h200_fleet.py (left running: a next call on the warm machine goes on),
+# starts every server of bench/h200/h200_fleet.py (left running: a next call on the warm machine goes on),
 # takes greedy tokens, runs bench_serving for the rows not yet done, and writes results.json + servers.log to
 # $OUT. A second call continues where the first stopped (state in /tmp/fleet).
 set -u
@@ -16,7 +16,7 @@ if [ ! -f /tmp/site/.installed ]; then
   tar xJf "$H/sglang_tree.tar.xz" -C /tmp/site && touch /tmp/site/.installed
 fi
 # a kernel bench's trimmed FlashInfer (bench/README.md, Peers) on the same machine would make SGLang JIT-build
-# FlashInfer ops whose sources it lacks (docs/sglang_on_gpu.md, blocker 16): SGLang runs here without FlashInfer
+# FlashInfer ops whose sources it lacks (bench/h200/README.md, blocker 16): SGLang runs here without FlashInfer
 rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
@@ -28,7 +28,7 @@ if [ ! -f "$WIDE/${FAM/all/nemotron_h}/model.safetensors" ]; then
   (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints "$H/ckpt" "$WIDE" --depth "$DEPTH" --family "$FAM") || exit 1   # cwd off the path: the checkout's own package
 fi
 echo "ready in $(( $(date +%s) - t0 ))s"
-F="python3 $H/src/tools/h200_fleet.py"
+F="python3 $H/src/bench/h200/h200_fleet.py"
 [ -n "${FLEET_STOP:-}" ] && $F stop $STATE ${FLEET_STOP//,/ }
 $F start "$WIDE" $STATE
 $F tokens $STATE $(( $(left) - ${BENCH_RESERVE:-150} ))

@@ -1,10 +1,10 @@
 """Issue 21, steps 2-3 on the H200: many SGLang servers on one GPU, greedy tokens, then bench_serving per server.
 
-    python3 tools/h200_fleet.py start  CKPT_DIR STATE_DIR   # start every server of SERVERS (setsid, staggered)
-    python3 tools/h200_fleet.py tokens STATE_DIR DEADLINE_S # wait for health, greedy tokens of each, compare
-    python3 tools/h200_fleet.py bench  STATE_DIR DEADLINE_S # bench_serving per server x concurrency (skips done rows)
-    python3 tools/h200_fleet.py report STATE_DIR OUT_DIR    # results.json (+ servers.log) into OUT_DIR
-    python3 tools/h200_fleet.py stop   STATE_DIR NAME...    # end the named servers (free the card)
+    python3 bench/h200/h200_fleet.py start  CKPT_DIR STATE_DIR   # start every server of SERVERS (setsid, staggered)
+    python3 bench/h200/h200_fleet.py tokens STATE_DIR DEADLINE_S # wait for health, greedy tokens of each, compare
+    python3 bench/h200/h200_fleet.py bench  STATE_DIR DEADLINE_S # bench_serving per server x concurrency (skips done rows)
+    python3 bench/h200/h200_fleet.py report STATE_DIR OUT_DIR    # results.json (+ servers.log) into OUT_DIR
+    python3 bench/h200/h200_fleet.py stop   STATE_DIR NAME...    # end the named servers (free the card)
 
 Every server runs at once (CUDA graphs on), each with capped pools (``POOL_FLAGS``) so they share the
 card; the servers are started a few seconds apart and left running (``setsid``) so that a later device
@@ -221,7 +221,7 @@ def bench(state: Path, deadline: float) -> None:
     if not rows:
         return
     (out / "rows.json").write_text(json.dumps(rows))
-    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE.parents[2]))   # the source root (bench/h200/../..)
     from sglang_replayssm import gpu_harness
 
     with open(out / "rows.log", "a") as log:
@@ -237,7 +237,7 @@ def bench(state: Path, deadline: float) -> None:
 
 def bench_rows(rows_path: Path, deadline: float) -> None:
     """(child) SGLang's bench_serving CLI for each row, in this one process, until the deadline."""
-    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE.parents[2]))   # the source root (bench/h200/../..)
     from sglang_replayssm import gpu_harness
 
     gpu_harness.activate()

@@ -2,7 +2,7 @@
 and report each result (OK, or the exception and where it was raised), then check the bridge's PyTorch ops
 against SGLang's own implementations on the GPU. Prints a plain report; never stops at the first failure.
 
-    PYTHONPATH=<src>:<site> python3 tools/h200_probe.py
+    PYTHONPATH=<src>:<site> python3 bench/h200/h200_probe.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Start the real SGLang 0.5.23 server on a CUDA machine through the GPU harness (issue 21).
 
-    python3 tools/h200_serve.py stock  --model-path DIR [SGLang flags]   # python -m sglang.launch_server
-    python3 tools/h200_serve.py plugin --model-path DIR [--replayssm-* flags] [SGLang flags]
+    python3 bench/h200/h200_serve.py stock  --model-path DIR [SGLang flags]   # python -m sglang.launch_server
+    python3 bench/h200/h200_serve.py plugin --model-path DIR [--replayssm-* flags] [SGLang flags]
 
 Both add ``sglang_replayssm.gpu_harness.GPU_DEFAULTS`` unless given. ``plugin`` goes through
 ``sglang_replayssm.sglang_plugin.launch_server`` (ReplaySSM on, defaults when no ``--replayssm-*`` flag).
