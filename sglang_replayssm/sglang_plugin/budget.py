@@ -11,6 +11,10 @@ with speculative decoding, reserves one full state per draft token per running r
 * the per-draft state reservation is skipped (our verify allocates no snapshots): during the call
   the configurator's ``_pd_prefill_skips_mamba_spec_state`` answers True, which is the switch SGLang
   itself uses for pools that allocate no verify snapshots. Pool construction is not affected.
+
+Everything here is per TP rank, as SGLang's configurator is: with ``--tp N`` each rank sizes its own pool from its
+own memory, and ``cache_params`` are that rank's shard (``H / N`` SSM heads per layer), so the slot price and the
+start-up line below are one rank's (the line names the rank).
 """
 
 from __future__ import annotations
@@ -62,7 +66,19 @@ def handle_max_mamba_cache(original, self, total_rest_memory):
         mod._pd_prefill_skips_mamba_spec_state = saved_switch
         self.extra_mamba_cache_bytes_per_req = saved_extra
     per_req = cache_params.mamba_cache_per_req
-    logger.info("ReplaySSM budget: %d bytes per mamba slot (SGLang's scheme: %d + %d per-draft snapshot bytes)",
-                per_req + extra, per_req, drafts * math.prod(cache_params.shape.temporal)
-                * cache_params.dtype.temporal.itemsize * len(cache_params.layers))
+    logger.info("ReplaySSM budget, per TP rank (%s: its shard of the SSM heads, its own memory): %d bytes per mamba "
+                "slot (SGLang's scheme: %d + %d per-draft snapshot bytes)", tp_rank_label(), per_req + extra, per_req,
+                drafts * math.prod(cache_params.shape.temporal) * cache_params.dtype.temporal.itemsize
+                * len(cache_params.layers))
     return result
+
+
+def tp_rank_label() -> str:
+    """"TP rank r of N" of this scheduler process (SGLang's published parallel layout), "TP rank 0 of 1" without one."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        p = get_parallel()
+        return f"TP rank {int(p.tp_rank)} of {int(p.tp_size)}"
+    except Exception:   # no parallel layout published in this process (a configurator built outside a scheduler)
+        return "TP rank 0 of 1"
