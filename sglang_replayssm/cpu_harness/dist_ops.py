@@ -48,9 +48,15 @@ def _bind_threads_per_rank(mod) -> None:
         return
 
     def init_threads_binding(*, numa_index, world_size):
-        if not os.environ.get(BIND_ENV) and world_size > len(mod.get_cpu_ids_by_node()):
+        split = not os.environ.get(BIND_ENV) and world_size > len(mod.get_cpu_ids_by_node())
+        if split:
             os.environ[BIND_ENV] = split_cores(list(os.sched_getaffinity(0)), world_size)
-        return original(numa_index=numa_index, world_size=world_size)
+        cpu_ids = original(numa_index=numa_index, world_size=world_size)
+        if split and world_size > 1:
+            # SGLang sizes each rank's thread pool only on its AMX / arm64 kernel build (init_cpu_threads_env);
+            # elsewhere every rank would run one intra-op thread per core of the machine: N ranks oversubscribe
+            torch.set_num_threads(len(_cpu_list(cpu_ids)))
+        return cpu_ids
 
     init_threads_binding._cpu_harness = True
     mod.init_threads_binding = init_threads_binding
@@ -90,18 +96,24 @@ def initialize_cpu(size: int, rank: int) -> None:
     """SGLang's shm all-reduce set-up; gloo needs none (the default process group exists already)."""
 
 
-def init_cpu_threads_env(cpu_ids: str) -> str:
-    """Bind this rank's threads to ``cpu_ids`` ("0,1" / "0-3" lists) and use that many intra-op threads."""
-    ids: list[int] = []
+def _cpu_list(cpu_ids: str) -> set[int]:
+    """The cores of a "0,1" / "0-3" list."""
+    ids: set[int] = set()
     for part in cpu_ids.split(","):
         if "-" in part:
             lo, hi = part.split("-")
-            ids += range(int(lo), int(hi) + 1)
+            ids.update(range(int(lo), int(hi) + 1))
         elif part.strip():
-            ids.append(int(part))
+            ids.add(int(part))
+    return ids
+
+
+def init_cpu_threads_env(cpu_ids: str) -> str:
+    """Bind this rank's threads to ``cpu_ids`` ("0,1" / "0-3" lists) and use that many intra-op threads."""
+    ids = _cpu_list(cpu_ids)
     if ids:
-        os.sched_setaffinity(0, set(ids))
-        torch.set_num_threads(len(set(ids)))
+        os.sched_setaffinity(0, ids)
+        torch.set_num_threads(len(ids))
     return cpu_ids
 
 

@@ -108,3 +108,12 @@ def test_tp2_mamba2_plugin_ngram_equals_tp1_and_transformers(servers):
 @mamba2
 def test_tp2_mamba2_plugin_metrics_counted_once_per_server(servers):
     metrics_once_per_server(servers, "m2-tp2-ngram")
+
+
+def test_cpu_harness_splits_cores_over_ranks():
+    """The harness's per-rank core split when SGLang's CPU engine has more TP ranks than NUMA nodes."""
+    from sglang_replayssm.cpu_harness.dist_ops import split_cores
+
+    assert split_cores([0, 1], 2) == "0|1"
+    assert split_cores([1, 0], 4) == "0|1|0|1"          # fewer cores than ranks: ranks share cores round-robin
+    assert split_cores(list(range(8)), 3) == "0,1,2|3,4,5|6,7"
