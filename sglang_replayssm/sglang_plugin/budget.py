@@ -27,6 +27,7 @@ from sglang_replayssm.pool import ReplayStatePool
 
 from .options import active_options
 from .pool import family_of, geometry_of
+from .tp import tp_rank_label
 
 logger = logging.getLogger(__name__)
 CONFIGURATOR_MODULE = "sglang.srt.mem_cache.kv_cache_configurator"
@@ -72,13 +73,3 @@ def handle_max_mamba_cache(original, self, total_rest_memory):
                 * len(cache_params.layers))
     return result
 
-
-def tp_rank_label() -> str:
-    """"TP rank r of N" of this scheduler process (SGLang's published parallel layout), "TP rank 0 of 1" without one."""
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        p = get_parallel()
-        return f"TP rank {int(p.tp_rank)} of {int(p.tp_size)}"
-    except Exception:   # no parallel layout published in this process (a configurator built outside a scheduler)
-        return "TP rank 0 of 1"

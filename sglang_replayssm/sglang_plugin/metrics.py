@@ -20,6 +20,8 @@ import threading
 
 from sglang_replayssm.accounting import COUNTERS, GAUGES
 
+from .tp import first_rank_of_group
+
 NAMES = tuple(f"{n}_total" for n in COUNTERS) + tuple(GAUGES)
 # the same on every TP rank (the rows' steps, not the shard's bytes): recorded by the first rank only
 PER_SEQUENCE = ("replayssm:flushes_total", "replayssm:nonflush_steps_total", "replayssm:accepted_records_total",
@@ -31,17 +33,10 @@ _first_rank: bool | None = None
 
 
 def records_sequence_counts() -> bool:
-    """True in the process that records the per-sequence metrics: attention-TP rank 0 (and context-parallel
-    rank 0, pipeline stage 0) of SGLang's parallel layout; True where no layout was published (one process)."""
+    """True in the process that records the per-sequence metrics (``tp.first_rank_of_group``; decided once)."""
     global _first_rank
     if _first_rank is None:
-        try:
-            from sglang.srt.runtime_context import get_parallel
-
-            p = get_parallel()
-            _first_rank = p.attn_tp_rank == 0 and p.attn_cp_rank == 0 and p.pp_rank == 0
-        except Exception:   # no parallel layout in this process (a pool built outside a scheduler)
-            _first_rank = True
+        _first_rank = first_rank_of_group()
     return _first_rank
 
 
