@@ -1,12 +1,13 @@
 """Tensor parallelism: the real SGLang server with ``--tp 2`` on CPU (one scheduler process per TP rank, joined by
 ``torch.distributed`` over gloo; the CPU harness's ``dist_ops.py``), our plugin on (window 4) with NGRAM speculative
-decoding. Each rank's ReplaySSM pool holds its shard of the SSM heads (the tiny models' head counts divide by 2: GDN
+decoding and the radix cache's ``extra_buffer`` strategy (track grid 64 tokens). Each rank's ReplaySSM pool holds its shard of the SSM heads (the tiny models' head counts divide by 2: GDN
 2 key / 4 value heads, Mamba-2 4 heads in 2 groups; the single KV head of their attention layers is replicated).
 
 Held to: transformers' greedy tokens (alone and batched), and ``--tp 1``: stock SGLang's tokens (all equal) and
 logprobs (within 1e-3), as recorded by the TP-1 stock server of the family (started here when that test did not run
 in this session); the ``replayssm:`` metrics counted once per server: the sequence counts once (not once per rank),
-the state bytes of both ranks' shards (the whole model's state, not one rank's half).
+the state bytes of both ranks' shards (the whole model's state, not one rank's half); a track boundary crossed inside
+a verify serves the next turn from exactly that node, equal to the same request uncached (GDN).
 
 CI runs the GDN server only (one TP-2 server: the CI budget); ``SGLANG_REPLAYSSM_TP_TESTS=all`` adds Mamba-2."""
 
@@ -21,6 +22,7 @@ from . import checks
 from .conftest import CONFIGS, PROMPTS, metric_value, prompt_ids
 
 DRAFTS = 4   # --speculative-num-draft-tokens of the TP configurations
+TRACK_GRID = 64   # gdn-tp2-ngram's extra_buffer track grid: lcm(FLA chunk 64, page 1, --mamba-track-interval 64)
 ALL_ENV = "SGLANG_REPLAYSSM_TP_TESTS"
 STOCK_CONFIG = {"qwen3_next": "gdn-stock", "nemotron_h": "m2-stock"}
 SEQUENCE_COUNTS = ("replayssm:flushes_total", "replayssm:nonflush_steps_total", "replayssm:accepted_records_total",
@@ -94,6 +96,16 @@ def test_tp2_gdn_plugin_ngram_equals_tp1_and_transformers(servers):
 
 def test_tp2_gdn_plugin_metrics_counted_once_per_server(servers):
     metrics_once_per_server(servers, "gdn-tp2-ngram")
+
+
+def test_tp2_gdn_plugin_extra_buffer_tracks_boundary_crossed_inside_a_verify(servers):
+    """``extra_buffer`` under TP 2 (each rank tracks its shard): turn 1 ends 6 tokens before the track boundary (64),
+    which its NGRAM generation crosses inside a verify accepting several drafts; turn 2 is served from exactly the
+    node the verify commit tracked (64 cached tokens) and equals the same request on an empty cache."""
+    s = servers.get("gdn-tp2-ngram")
+    turn1 = prompt_ids(s, checks.SYSTEM)[: TRACK_GRID - 6]
+    checks.multi_turn_hits_cache_and_equals_uncached(s, turn1=turn1, new_tokens=16, cached_tokens=TRACK_GRID,
+                                                     prime_ngram=True)
 
 
 mamba2 = pytest.mark.skipif(os.environ.get(ALL_ENV) != "all", reason=(
