@@ -1,7 +1,8 @@
 """Tensor parallelism: the real SGLang server with ``--tp 2`` on CPU (one scheduler process per TP rank, joined by
 ``torch.distributed`` over gloo; the CPU harness's ``dist_ops.py``), our plugin on (window 4) with NGRAM speculative
 decoding and the radix cache's ``extra_buffer`` strategy (track grid 64 tokens). Each rank's ReplaySSM pool holds
-its shard of the SSM heads (the tiny models' head counts divide by 2: GDN 2 key / 4 value heads, Mamba-2 4 heads in 2 groups; the single KV head of their attention layers is replicated).
+its shard of the SSM heads (the tiny models' head counts divide by 2: GDN 2 key / 4 value heads, Mamba-2 4 heads
+in 2 groups; the single KV head of their attention layers is replicated).
 
 Held to: transformers' greedy tokens (alone and batched), and ``--tp 1``: stock SGLang's tokens (all equal) and
 logprobs (within 1e-3), as recorded by the TP-1 stock server of the family (started here when that test did not run
