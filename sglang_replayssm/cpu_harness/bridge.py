@@ -300,3 +300,6 @@ def install() -> None:
     spec_ops.register()
     _patch_triton_autotune()
     install_after_import_patches(_AFTER_IMPORT)
+    from . import dist_ops   # tensor parallelism (--tp N): per-rank CPU binding, gloo collectives
+
+    dist_ops.install()

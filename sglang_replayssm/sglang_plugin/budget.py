@@ -11,6 +11,10 @@ with speculative decoding, reserves one full state per draft token per running r
 * the per-draft state reservation is skipped (our verify allocates no snapshots): during the call
   the configurator's ``_pd_prefill_skips_mamba_spec_state`` answers True, which is the switch SGLang
   itself uses for pools that allocate no verify snapshots. Pool construction is not affected.
+
+Everything here is per TP rank, as SGLang's configurator is: with ``--tp N`` each rank sizes its own pool from its
+own memory, and ``cache_params`` are that rank's shard (``H / N`` SSM heads per layer), so the slot price and the
+start-up line below are one rank's (the line names the rank).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from sglang_replayssm.pool import ReplayStatePool
 
 from .options import active_options
 from .pool import family_of, geometry_of
+from .tp import tp_rank_label
 
 logger = logging.getLogger(__name__)
 CONFIGURATOR_MODULE = "sglang.srt.mem_cache.kv_cache_configurator"
@@ -62,7 +67,9 @@ def handle_max_mamba_cache(original, self, total_rest_memory):
         mod._pd_prefill_skips_mamba_spec_state = saved_switch
         self.extra_mamba_cache_bytes_per_req = saved_extra
     per_req = cache_params.mamba_cache_per_req
-    logger.info("ReplaySSM budget: %d bytes per mamba slot (SGLang's scheme: %d + %d per-draft snapshot bytes)",
-                per_req + extra, per_req, drafts * math.prod(cache_params.shape.temporal)
-                * cache_params.dtype.temporal.itemsize * len(cache_params.layers))
+    logger.info("ReplaySSM budget, per TP rank (%s: its shard of the SSM heads, its own memory): %d bytes per mamba "
+                "slot (SGLang's scheme: %d + %d per-draft snapshot bytes)", tp_rank_label(), per_req + extra, per_req,
+                drafts * math.prod(cache_params.shape.temporal) * cache_params.dtype.temporal.itemsize
+                * len(cache_params.layers))
     return result
+

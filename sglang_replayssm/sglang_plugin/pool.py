@@ -44,6 +44,7 @@ from sglang_replayssm.pool import ReplayStatePool, SSMGeometry
 from . import metrics
 from .options import active_options, ops_backend
 from .sync_check import sync_checked
+from .tp import tp_rank_label
 
 logger = logging.getLogger(__name__)
 
@@ -214,11 +215,11 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.mem_usage = (ours * (size + 1) + _tensor_bytes(self._intermediate_conv_window_phys)) / (1 << 30)
         budget = (size + 1) * (theirs_slot + theirs_spec)
         logger.info(
-            "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens, ops %s): "
-            "%d bytes/slot vs SGLang %d bytes/slot + %d bytes/slot of per-draft snapshots; "
-            "in SGLang's memory for %d sequences ReplaySSM fits %d",
-            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops.package, ours, theirs_slot, theirs_spec,
-            size, budget // max(ours, 1) - 1)
+            "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens, ops %s), per TP "
+            "rank (%s: %d SSM heads per layer on this rank): %d bytes/slot vs SGLang %d bytes/slot + %d bytes/slot of "
+            "per-draft snapshots; in this rank's SGLang memory for %d sequences ReplaySSM fits %d",
+            family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops.package, tp_rank_label(),
+            self.geometry.num_heads, ours, theirs_slot, theirs_spec, size, budget // max(ours, 1) - 1)
 
     # ------------------------------------------------------------------ step bookkeeping
     def note_decode(self, slots: torch.Tensor) -> None:

@@ -48,6 +48,15 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
                                        "NGRAM", "--speculative-num-draft-tokens", "4",
                                        "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
                                        "64"], {}),
+    # tensor parallelism: two scheduler processes (one per TP rank, joined by gloo), each with its shard of the SSM
+    # heads; metrics pushed at every step so the counts a test reads after a request are exact
+    "gdn-tp2-ngram": ("qwen3_next", True, ["--tp", "2", "--replayssm-window", "4", "--enable-metrics",
+                                           "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
+                                           "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
+                                           "64"], {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}),
+    "m2-tp2-ngram": ("nemotron_h", True, ["--tp", "2", "--replayssm-window", "4", "--enable-metrics",
+                                          "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
+                     {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}),
     "m2-stock": ("nemotron_h", False, [], {}),
     "m2-L4": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics"], {}),
     "m2-L1-kernels": ("nemotron_h", True, ["--replayssm-window", "1"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
