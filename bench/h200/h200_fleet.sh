@@ -6,18 +6,7 @@
 # takes greedy tokens, runs bench_serving for the rows not yet done, and writes results.json + servers.log to
 # $OUT. A second call continues where the first stopped (state in /tmp/fleet).
 set -u
-H=$PWD/.h200
-OUT=${OUT:-/tmp/h200_out}; mkdir -p "$OUT"
-STATE=/tmp/fleet
-t0=$(date +%s); BUDGET=${BUDGET:-560}
-left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
-if [ ! -f /tmp/site/.installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$H"/whl/*.whl 2>&1 | tail -3
-  tar xJf "$H/sglang_tree.tar.xz" -C /tmp/site && touch /tmp/site/.installed
-fi
-# a kernel bench's trimmed FlashInfer (bench/README.md, Peers) on the same machine would make SGLang JIT-build
-# FlashInfer ops whose sources it lacks (bench/h200/README.md, blocker 16): SGLang runs here without FlashInfer
-rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
+source "$(dirname "$0")/h200_site.sh"
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 # FLEET_DEPTH=full: every layer of the real models (gpu_harness.wide_checkpoints --depth full) in /tmp/wide_full;

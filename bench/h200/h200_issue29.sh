@@ -8,16 +8,7 @@
 #   PHASE=bench  bench_serving rows of the servers up (FLEET_ONLY), FLEET_CONC / FLEET_IN / FLEET_OUT
 #   PHASE=swap   stop FLEET_STOP, start FLEET_ONLY on the full-depth checkpoint, then bench
 set -u
-H=$PWD/.h200
-OUT=${OUT:-/tmp/h200_out}; mkdir -p "$OUT"
-STATE=/tmp/fleet
-t0=$(date +%s); BUDGET=${BUDGET:-560}
-left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
-if [ ! -f /tmp/site/.installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$H"/whl/*.whl 2>&1 | tail -3
-  tar xJf "$H/sglang_tree.tar.xz" -C /tmp/site && touch /tmp/site/.installed
-fi
-rm -rf /tmp/site/flashinfer /tmp/site/flashinfer_python-*.dist-info
+source "$(dirname "$0")/h200_site.sh"
 F="python3 $H/src/bench/h200/h200_fleet.py"
 WAVE1=gdn_stock_ngram,gdn_sglang_replayssm_ngram,gdn_ours_fp32_ngram
 export FLEET_MAX_RUNNING=${FLEET_MAX_RUNNING:-128} FLEET_TOTAL_TOKENS=${FLEET_TOTAL_TOKENS:-196608}
