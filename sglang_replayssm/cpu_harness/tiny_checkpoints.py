@@ -8,9 +8,11 @@ same folder loads in ``transformers`` (the oracle of the server tests) and in SG
 
 * ``qwen3_next``: Qwen3-Next layout, Gated DeltaNet layers + full attention every second layer, every
   MLP a sparse MoE block with a shared expert (as the real model has it).
-* ``nemotron_h``: Nemotron-H layout, Mamba-2 / attention / MLP blocks (``M*M-``). ``transformers`` 5.19
-  writes ``layers_block_type``; SGLang's ``NemotronHConfig`` reads the same folder once the legacy names
-  it expects are also present (written here).
+* ``nemotron_h``: Nemotron-H layout, Mamba-2 / attention / MLP blocks (``M*M-``).
+
+``transformers`` 5.19 saves both with names SGLang 0.5.23 does not read (Nemotron-H's ``layers_block_type:
+[linear_attention, full_attention, ...]``, Qwen3-Next's ``layer_types``); the names SGLang reads are added
+beside them (``sglang_replayssm.checkpoint_names``), unless ``--as-saved``.
 
 The tokenizer is byte-level BPE (``tokenizers``), trained here on a short fixed text: 256 byte tokens,
 a few hundred merges, ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``. Weights are scaled up from
@@ -90,36 +92,18 @@ def _scale_weights(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.5 / fan_in ** 0.5))
 
 
-# SGLang's NemotronHConfig name -> the name transformers 5.19 writes
-_NEMOTRON_H_SGLANG_NAMES = {
-    "mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
-    "mamba_conv_bias": "use_conv_bias", "mamba_dt_min": "time_step_min", "mamba_dt_max": "time_step_max",
-    "mamba_dt_limit": "time_step_limit", "mamba_dt_init_floor": "time_step_floor", "mamba_chunk_size": "chunk_size",
-}
+def _sglang_compatible_config(out: Path) -> None:
+    """Add the names SGLang 0.5.23 reads beside transformers 5's (``checkpoint_names``, shared with the launcher,
+    which does the same for a user's folder through an overlay)."""
+    from sglang_replayssm.checkpoint_names import sglang_config
 
-
-def _sglang_compatible_config(family: str, out: Path) -> None:
-    cfg = json.loads((out / "config.json").read_text())
-    if family == "qwen3_next":
-        # SGLang's Qwen3NextConfig derives the layer types from full_attention_interval
-        full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
-        cfg["full_attention_interval"] = full[0] + 1
-        assert full == list(range(full[0], len(cfg["layer_types"]), full[0] + 1)), cfg["layer_types"]
-    if family == "nemotron_h":
-        # transformers 5.19 writes its internal names (linear_attention / full_attention); SGLang's
-        # NemotronHConfig validates against mamba / attention / mlp / moe, and reads the legacy names.
-        internal = {"linear_attention": "mamba", "full_attention": "attention"}
-        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
-        for key in ("layers_block_type", "mtp_layers_block_type"):
-            cfg[key] = [internal.get(t, t) for t in cfg[key]]
-        cfg["hybrid_override_pattern"] = "".join(letters[t] for t in cfg["layers_block_type"])
-        cfg["num_hidden_layers"] = len(cfg["layers_block_type"])
-        for sglang_name, hf_name in _NEMOTRON_H_SGLANG_NAMES.items():
-            cfg[sglang_name] = cfg[hf_name]
+    cfg, _changes = sglang_config(json.loads((out / "config.json").read_text()))
     (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
 
 
-def write_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
+def write_checkpoint(family: str, out: Path, seed: int = 0, sglang_names: bool = True) -> Path:
+    """The tiny ``family`` checkpoint in ``out``; ``sglang_names=False`` leaves config.json as transformers 5
+    saved it (a folder as users have it: SGLang itself cannot read it, our launcher serves it)."""
     import torch
     import transformers
 
@@ -131,7 +115,8 @@ def write_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     _scale_weights(model, seed)
     model.save_pretrained(out, safe_serialization=True)
-    _sglang_compatible_config(family, out)
+    if sglang_names:
+        _sglang_compatible_config(out)
     return out
 
 
@@ -141,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--family", choices=FAMILIES + ("all",), default="all")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--as-saved", action="store_true",
+                   help="leave config.json as transformers 5 saves it (without the names SGLang 0.5.23 reads)")
     a = p.parse_args(argv)
     for fam in FAMILIES if a.family == "all" else (a.family,):
-        path = write_checkpoint(fam, Path(a.out_dir) / fam, a.seed)
+        path = write_checkpoint(fam, Path(a.out_dir) / fam, a.seed, sglang_names=not a.as_saved)
         print(f"{fam}: {path}")
     return 0
 

@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang server tests need the sglang package (pip install -e .[test])")
 requests = pytest.importorskip("requests")
 
+from sglang_replayssm.checkpoint_names import OVERLAY_ENV  # noqa: E402
 from sglang_replayssm.cpu_harness import OVERLAP_ENV, cpu_server_args, harness_env  # noqa: E402
 
 START_TIMEOUT_S = 300
@@ -56,6 +57,10 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
                                       "NGRAM", "--speculative-num-draft-tokens", "4"], {}),
 }
 
+# configurations served from the folder exactly as transformers 5 saved it (its names, not SGLang's): our launcher
+# serves it through an overlay folder (sglang_replayssm.checkpoint_names); stock SGLang reads the family's folder
+TRANSFORMERS5_FOLDERS = {"m2-L4": "nemotron_h_transformers5", "gdn-L4-kernels": "qwen3_next_transformers5"}
+
 
 def free_port() -> int:
     import socket
@@ -71,7 +76,7 @@ class SGLangServer:
     def __init__(self, name: str, model_dir: Path, log_dir: Path):
         family, plugin, extra, env_extra = CONFIGS[name]
         self.name, self.family, self.plugin = name, family, plugin
-        self.model_dir = model_dir / family
+        self.model_dir = model_dir / TRANSFORMERS5_FOLDERS.get(name, family)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{name}.log"
@@ -89,6 +94,7 @@ class SGLangServer:
         # launcher takes for a crash and would wait 5 s for those diagnostics (there is no GPU here)
         env.update(SGLANG_PYSPY_DUMP_BEFORE_CRASH="0", SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0")
         env.update(env_extra)
+        env[OVERLAY_ENV] = str(log_dir / "checkpoint-overlays")
         self.cmd = cmd
         self.started = time.monotonic()
         with open(self.log_path, "wb") as log:
@@ -186,6 +192,8 @@ def tiny_models(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-sglang-models")
     for fam in FAMILIES:
         write_checkpoint(fam, out / fam, seed=0)
+    for fam in sorted(set(TRANSFORMERS5_FOLDERS.values())):   # the same weights, config.json as transformers 5 saves it
+        write_checkpoint(fam.removesuffix("_transformers5"), out / fam, seed=0, sglang_names=False)
     return out
 
 
