@@ -238,7 +238,18 @@ def _ngram_full_tree_mask(mod) -> None:
     mod._is_cpu = False
 
 
+def _kda_kernels_on_cpu(mod) -> None:
+    """``kda_triton.py`` imports its prefill and decode/verify kernels only off CPU: bind the PyTorch versions of
+    ``kda_ops.py`` (KDA's per-channel decay; SGLang's Triton ``chunk_kda`` is wrong under the interpreter)."""
+    from . import kda_ops
+
+    for name in ("chunk_kda", "fused_sigmoid_gating_delta_rule_update"):
+        if not hasattr(mod, name):
+            setattr(mod, name, getattr(kda_ops, name))
+
+
 _AFTER_IMPORT = {
+    "sglang.srt.layers.attention.linear.kernels.kda_triton": _kda_kernels_on_cpu,
     "sglang.srt.speculative.ngram_worker": _ngram_full_tree_mask,
     "sglang.srt.layers.attention.linear.kernels.gdn_triton": _gdn_triton_on_cpu,
     "sglang.srt.arg_groups.mamba_hook": _mamba_snapshots_on_cpu,

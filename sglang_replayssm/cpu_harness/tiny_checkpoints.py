@@ -1,6 +1,6 @@
 """Tiny hybrid checkpoints SGLang can serve on a CPU: seeded random weights, no downloads.
 
-    python -m sglang_replayssm.cpu_harness.tiny_checkpoints OUT_DIR [--family qwen3_next|nemotron_h|all]
+    python -m sglang_replayssm.cpu_harness.tiny_checkpoints OUT_DIR [--family qwen3_next|nemotron_h|kimi_linear|all]
 
 Each family is written as a Hugging Face folder (``config.json``, ``model.safetensors``,
 ``tokenizer.json``, ``tokenizer_config.json`` with a chat template) by ``transformers`` itself, so the
@@ -9,6 +9,8 @@ same folder loads in ``transformers`` (the oracle of the server tests) and in SG
 * ``qwen3_next``: Qwen3-Next layout, Gated DeltaNet layers + full attention every second layer, every
   MLP a sparse MoE block with a shared expert (as the real model has it).
 * ``nemotron_h``: Nemotron-H layout, Mamba-2 / attention / MLP blocks (``M*M-``).
+* ``kimi_linear``: Kimi-Linear layout, KDA layers 1 and 3 + MLA layers 2 and 4 (no rotary embedding, as
+  ``mla_use_nope``), dense MLPs; written directly (``transformers`` has no Kimi-Linear class without remote code).
 
 ``transformers`` 5.19 saves both with names SGLang 0.5.23 does not read (Nemotron-H's ``layers_block_type:
 [linear_attention, full_attention, ...]``, Qwen3-Next's ``layer_types``); the names SGLang reads are added
@@ -25,7 +27,8 @@ import argparse
 import json
 from pathlib import Path
 
-FAMILIES = ("qwen3_next", "nemotron_h")
+FAMILIES = ("qwen3_next", "nemotron_h")   # written by transformers (which is their oracle)
+KIMI = "kimi_linear"                       # written directly (no transformers class): its oracle is stock SGLang
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 VOCAB = 512
 CHAT_TEMPLATE = (
@@ -101,9 +104,93 @@ def _sglang_compatible_config(out: Path) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
 
 
+# Kimi Linear: KDA layers (1-based ids, as its config lists them) and MLA attention layers, dense MLPs
+KIMI_LINEAR = dict(hidden=64, layers=4, kda_layers=[1, 3], heads=2, head_dim=32, conv=4, mla_heads=2,
+                   kv_lora_rank=48, qk_nope=16, qk_rope=16, v_head=32, intermediate=128)
+
+
+def _kimi_linear_config(ids: dict) -> dict:
+    k = KIMI_LINEAR
+    return {
+        "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "vocab_size": VOCAB,
+        "hidden_size": k["hidden"], "intermediate_size": k["intermediate"], "num_hidden_layers": k["layers"],
+        "num_attention_heads": k["mla_heads"], "num_key_value_heads": k["mla_heads"], "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "float32",
+        "rope_theta": 10000.0, "rope_scaling": None,
+        "q_lora_rank": None, "kv_lora_rank": k["kv_lora_rank"], "qk_nope_head_dim": k["qk_nope"],
+        "qk_rope_head_dim": k["qk_rope"], "v_head_dim": k["v_head"], "mla_use_nope": True,
+        "linear_attn_config": {"kda_layers": k["kda_layers"], "num_heads": k["heads"], "head_dim": k["head_dim"],
+                               "short_conv_kernel_size": k["conv"],
+                               "full_attn_layers": [i for i in range(1, k["layers"] + 1) if i not in k["kda_layers"]]},
+        "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|endoftext|>"],
+    }
+
+
+def _kimi_linear_weights(seed: int) -> dict:
+    """The tensors SGLang 0.5.23's ``KimiLinearForCausalLM.load_weights`` reads, under a Kimi-Linear checkpoint's
+    names (``q_proj``/``k_proj``/``v_proj``/``b_proj``, low-rank ``f_a``/``f_b`` decay and ``g_a``/``g_b`` output-gate
+    projections, per-channel ``dt_bias``, per-head ``A_log``, ``q/k/v_conv1d``; MLA ``q_proj``,
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``)."""
+    import math
+
+    import torch
+
+    k = KIMI_LINEAR
+    g = torch.Generator().manual_seed(seed)
+    D, H, K, I = k["hidden"], k["heads"], k["head_dim"], k["intermediate"]
+    P = H * K
+
+    def lin(out_f, in_f):
+        return torch.randn(out_f, in_f, generator=g) * (1.5 / in_f ** 0.5)
+
+    w = {"model.embed_tokens.weight": torch.randn(VOCAB, D, generator=g), "lm_head.weight": lin(VOCAB, D),
+         "model.norm.weight": torch.ones(D)}
+    for i in range(k["layers"]):
+        pre = f"model.layers.{i}."
+        w[pre + "input_layernorm.weight"] = torch.ones(D)
+        w[pre + "post_attention_layernorm.weight"] = torch.ones(D)
+        w[pre + "mlp.gate_proj.weight"], w[pre + "mlp.up_proj.weight"] = lin(I, D), lin(I, D)
+        w[pre + "mlp.down_proj.weight"] = lin(D, I)
+        a = pre + "self_attn."
+        if i + 1 in k["kda_layers"]:
+            for n in ("q", "k", "v"):
+                w[a + f"{n}_proj.weight"] = lin(P, D)
+                w[a + f"{n}_conv1d.weight"] = torch.randn(P, 1, k["conv"], generator=g) / math.sqrt(k["conv"])
+            w[a + "b_proj.weight"] = lin(H, D)
+            w[a + "f_a_proj.weight"], w[a + "f_b_proj.weight"] = lin(K, D), lin(P, K)
+            w[a + "g_a_proj.weight"], w[a + "g_b_proj.weight"] = lin(K, D), lin(P, K)
+            w[a + "dt_bias"] = torch.randn(P, generator=g) * 0.5
+            w[a + "A_log"] = torch.log(torch.empty(1, 1, H, 1).uniform_(1, 16, generator=g))
+            w[a + "o_norm.weight"] = torch.ones(K)
+            w[a + "o_proj.weight"] = lin(D, P)
+        else:
+            nh, r = k["mla_heads"], k["kv_lora_rank"]
+            w[a + "q_proj.weight"] = lin(nh * (k["qk_nope"] + k["qk_rope"]), D)
+            w[a + "kv_a_proj_with_mqa.weight"] = lin(r + k["qk_rope"], D)
+            w[a + "kv_a_layernorm.weight"] = torch.ones(r)
+            w[a + "kv_b_proj.weight"] = lin(nh * (k["qk_nope"] + k["v_head"]), r)
+            w[a + "o_proj.weight"] = lin(D, nh * k["v_head"])
+    return {n: t.contiguous() for n, t in w.items()}
+
+
+def write_kimi_linear(out: Path, seed: int = 0) -> Path:
+    """The tiny Kimi-Linear checkpoint (``transformers`` has no Kimi-Linear class without remote code: the folder
+    is written directly, config.json and model.safetensors as Moonshot's checkpoints lay them out)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(out)
+    (out / "config.json").write_text(json.dumps(_kimi_linear_config(ids), indent=1, sort_keys=True))
+    save_file(_kimi_linear_weights(seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def write_checkpoint(family: str, out: Path, seed: int = 0, sglang_names: bool = True) -> Path:
     """The tiny ``family`` checkpoint in ``out``; ``sglang_names=False`` leaves config.json as transformers 5
     saved it (a folder as users have it: SGLang itself cannot read it, our launcher serves it)."""
+    if family == KIMI:
+        return write_kimi_linear(out, seed)
     import torch
     import transformers
 
@@ -124,12 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_replayssm.cpu_harness.tiny_checkpoints",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--family", choices=FAMILIES + ("all",), default="all")
+    p.add_argument("--family", choices=FAMILIES + (KIMI, "all"), default="all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--as-saved", action="store_true",
                    help="leave config.json as transformers 5 saves it (without the names SGLang 0.5.23 reads)")
     a = p.parse_args(argv)
-    for fam in FAMILIES if a.family == "all" else (a.family,):
+    for fam in FAMILIES + (KIMI,) if a.family == "all" else (a.family,):
         path = write_checkpoint(fam, Path(a.out_dir) / fam, a.seed, sglang_names=not a.as_saved)
         print(f"{fam}: {path}")
     return 0

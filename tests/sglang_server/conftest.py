@@ -55,6 +55,10 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "m2-L16-nvfp4": ("nemotron_h", True, ["--replayssm-read-copy", "nvfp4"], {}),
     "m2-ngram": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
                                       "NGRAM", "--speculative-num-draft-tokens", "4"], {}),
+    # Kimi Linear (KDA + MLA; the harness picks SGLang's Triton attention backend for MLA)
+    "kda-stock": ("kimi_linear", False, [], {}),
+    "kda-L4-fp8-kernels": ("kimi_linear", True, ["--replayssm-window", "4", "--replayssm-read-copy", "fp8",
+                                                 "--enable-metrics"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
 }
 
 # configurations served from the folder exactly as transformers 5 saved it (its names, not SGLang's): our launcher
@@ -187,10 +191,10 @@ class Servers:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> Path:
-    from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, write_checkpoint
+    from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, KIMI, write_checkpoint
 
     out = tmp_path_factory.mktemp("tiny-sglang-models")
-    for fam in FAMILIES:
+    for fam in FAMILIES + (KIMI,):
         write_checkpoint(fam, out / fam, seed=0)
     for fam in sorted(set(TRANSFORMERS5_FOLDERS.values())):   # the same weights, config.json as transformers 5 saves it
         write_checkpoint(fam.removesuffix("_transformers5"), out / fam, seed=0, sglang_names=False)
