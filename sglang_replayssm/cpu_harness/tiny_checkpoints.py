@@ -1,6 +1,6 @@
 """Tiny hybrid checkpoints SGLang can serve on a CPU: seeded random weights, no downloads.
 
-    python -m sglang_replayssm.cpu_harness.tiny_checkpoints OUT_DIR [--family qwen3_next|nemotron_h|kimi_linear|all]
+    python -m sglang_replayssm.cpu_harness.tiny_checkpoints OUT_DIR [--family qwen3_next|nemotron_h|kimi_linear|qwen3_next_mtp|all]
 
 Each family is written as a Hugging Face folder (``config.json``, ``model.safetensors``,
 ``tokenizer.json``, ``tokenizer_config.json`` with a chat template) by ``transformers`` itself, so the
@@ -29,6 +29,7 @@ from pathlib import Path
 
 FAMILIES = ("qwen3_next", "nemotron_h")   # written by transformers (which is their oracle)
 KIMI = "kimi_linear"                       # written directly (no transformers class): its oracle is stock SGLang
+QWEN3_NEXT_MTP = "qwen3_next_mtp"          # qwen3_next + an MTP layer (NEXTN / EAGLE drafts)
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 VOCAB = 512
 CHAT_TEMPLATE = (
@@ -186,11 +187,40 @@ def write_kimi_linear(out: Path, seed: int = 0) -> Path:
     return out
 
 
+def add_mtp_layer(out: Path, seed: int = 0) -> Path:
+    """Give the tiny Qwen3-Next in ``out`` a multi-token-prediction layer as Qwen3-Next checkpoints carry it
+    (``mtp.fc``, ``mtp.pre_fc_norm_embedding`` / ``_hidden``, ``mtp.layers.0.*``: a full-attention + MoE layer,
+    ``mtp.norm``; ``num_nextn_predict_layers: 1``), what SGLang's ``--speculative-algorithm NEXTN`` drafts with. The
+    layer starts as a copy of the model's last full-attention layer (random weights: the drafts are poor, the verify
+    decides; ``transformers`` ignores ``mtp.*``)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    cfg = json.loads((out / "config.json").read_text())
+    full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"][-1]
+    w = load_file(str(out / "model.safetensors"))
+    src = f"model.layers.{full}."
+    for name in [n for n in w if n.startswith(src)]:
+        w["mtp.layers.0." + name[len(src):]] = w[name].clone()
+    D = cfg["hidden_size"]
+    g = torch.Generator().manual_seed(seed + 1)
+    w["mtp.fc.weight"] = torch.randn(D, 2 * D, generator=g) * (1.5 / (2 * D) ** 0.5)
+    for n in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"):
+        w[n] = torch.zeros(D)   # Qwen3-Next's (1 + w) RMSNorm: unit gain
+    save_file({n: t.contiguous() for n, t in w.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg["num_nextn_predict_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    return out
+
+
 def write_checkpoint(family: str, out: Path, seed: int = 0, sglang_names: bool = True) -> Path:
     """The tiny ``family`` checkpoint in ``out``; ``sglang_names=False`` leaves config.json as transformers 5
     saved it (a folder as users have it: SGLang itself cannot read it, our launcher serves it)."""
     if family == KIMI:
         return write_kimi_linear(out, seed)
+    if family == QWEN3_NEXT_MTP:
+        return add_mtp_layer(write_checkpoint("qwen3_next", out, seed, sglang_names), seed)
     import torch
     import transformers
 
@@ -211,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_replayssm.cpu_harness.tiny_checkpoints",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--family", choices=FAMILIES + (KIMI, "all"), default="all")
+    p.add_argument("--family", choices=FAMILIES + (KIMI, QWEN3_NEXT_MTP, "all"), default="all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--as-saved", action="store_true",
                    help="leave config.json as transformers 5 saves it (without the names SGLang 0.5.23 reads)")

@@ -27,6 +27,7 @@ requests = pytest.importorskip("requests")
 
 from sglang_replayssm.checkpoint_names import OVERLAY_ENV  # noqa: E402
 from sglang_replayssm.cpu_harness import OVERLAP_ENV, cpu_server_args, harness_env  # noqa: E402
+from sglang_replayssm.cpu_harness.bridge import TREE_LOG_ENV  # noqa: E402
 
 START_TIMEOUT_S = 300
 PROMPTS = ("The quick brown fox", "hello, world! How are you", "def main(argv):\n    for i in range(10):")
@@ -59,6 +60,11 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "kda-stock": ("kimi_linear", False, [], {}),
     "kda-L4-fp8-kernels": ("kimi_linear", True, ["--replayssm-window", "4", "--replayssm-read-copy", "fp8",
                                                  "--enable-metrics"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
+    # Qwen3-Next + its MTP layer: NEXTN drafts as EAGLE trees (top-2, 2 steps, 4 draft tokens); the harness logs every
+    # verify the plugin opens with a draft tree
+    "gdn-mtp-tree": ("qwen3_next_mtp", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
+                                              "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
+                                              "--speculative-num-draft-tokens", "4"], {TREE_LOG_ENV: "1"}),
 }
 
 # configurations served from the folder exactly as transformers 5 saved it (its names, not SGLang's): our launcher
@@ -191,10 +197,10 @@ class Servers:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> Path:
-    from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, KIMI, write_checkpoint
+    from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, KIMI, QWEN3_NEXT_MTP, write_checkpoint
 
     out = tmp_path_factory.mktemp("tiny-sglang-models")
-    for fam in FAMILIES + (KIMI,):
+    for fam in FAMILIES + (KIMI, QWEN3_NEXT_MTP):
         write_checkpoint(fam, out / fam, seed=0)
     for fam in sorted(set(TRANSFORMERS5_FOLDERS.values())):   # the same weights, config.json as transformers 5 saves it
         write_checkpoint(fam.removesuffix("_transformers5"), out / fam, seed=0, sglang_names=False)
