@@ -259,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         common.engine, common.engine_argv = engine, rest
         return scheduler.launch_replicas(common) or 0
     if engine == "sglang":
+        from .checkpoint_names import CheckpointNameError, sglang_model_argv
+
+        try:   # a folder saved by transformers 5: served through an overlay with SGLang's config names
+            rest = sglang_model_argv(rest)
+        except CheckpointNameError as e:
+            pre.error(str(e))
         from . import cpu_harness
 
         if cpu_harness.wants_cpu(rest):   # a machine without a GPU: the CPU harness (tiny models, slow)

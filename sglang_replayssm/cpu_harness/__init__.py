@@ -42,8 +42,10 @@ CPU_DEFAULTS: dict[str, str | None] = {
     # decoding run Triton kernels on CPU tensors: fp32 everywhere (tiny models: it costs nothing).
     "--dtype": "float32",
 }
-# speculative decoding on CPU: the torch_native backend has no target-verify path, Triton's has
+# speculative decoding on CPU: the torch_native backend has no target-verify path, Triton's has; MLA attention
+# (Kimi Linear, DeepSeek: a config with kv_lora_rank) neither: torch_native's SDPA cannot read its latent cache
 SPECULATIVE_ATTENTION_BACKEND = "triton"
+MLA_ATTENTION_BACKEND = "triton"
 
 
 def _given(argv: list[str], flag: str) -> bool:
@@ -53,6 +55,28 @@ def _given(argv: list[str], flag: str) -> bool:
 # SGLang has no flag that turns the overlap scheduler on, only --disable-overlap-schedule: "1" here keeps the
 # harness from adding that default (the overlap scheduler then runs, on CPU as on a GPU)
 OVERLAP_ENV = "SGLANG_REPLAYSSM_CPU_OVERLAP"
+
+
+def _flag(argv: list[str], flag: str) -> str | None:
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _uses_mla(argv: list[str]) -> bool:
+    """True when ``--model-path`` is a local folder whose config has MLA attention (``kv_lora_rank``)."""
+    import json
+
+    path = _flag(argv, "--model-path") or _flag(argv, "--model")
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text()) if path else {}
+    except (OSError, ValueError):
+        return False
+    return bool(cfg.get("kv_lora_rank") or (cfg.get("text_config") or {}).get("kv_lora_rank"))
 
 
 def cpu_server_args(argv: list[str]) -> list[str]:
@@ -66,6 +90,8 @@ def cpu_server_args(argv: list[str]) -> list[str]:
             continue
         if flag == "--attention-backend" and speculative:
             value = SPECULATIVE_ATTENTION_BACKEND
+        elif flag == "--attention-backend" and _uses_mla(argv):
+            value = MLA_ATTENTION_BACKEND
         out += [flag] if value is None else [flag, value]
     return out
 

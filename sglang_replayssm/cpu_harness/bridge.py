@@ -8,7 +8,8 @@
    other name with a function that raises a clear error when called (no compiler, nothing written).
 2. ``torch.get_device_module()`` answers ``torch.cpu`` (PyPI's torch is a CUDA build, so it would
    answer ``torch.cuda``), ``torch.cpu.device`` exists (a no-op context, as ``torch.cuda.device``), and
-   ``Tensor.pin_memory()`` returns the tensor (it needs a CUDA driver).
+   ``Tensor.pin_memory()`` returns the tensor and ``torch.cuda.synchronize()`` returns at once (both need a CUDA
+   driver).
 3. PyTorch versions of the ``torch.ops.sgl_kernel.*_cpu`` ops SGLang's CPU engine calls, which only
    SGLang's unpublished CPU kernel build has (``cpu_ops.py``: convolution, gated delta rule, gated norm;
    ``spec_ops.py``: the speculative-decoding bookkeeping ops).
@@ -21,13 +22,17 @@
    SGLang's Triton conv update instead; GDN decode takes the packed Triton kernels it takes on a GPU
    (which is where SGLang's own ``--enable-linear-replayssm`` decode lives), and its prefill returns the
    per-chunk states ``h`` (as FLA's kernel does; the CPU op's wrapper returns None); the NGRAM worker builds
-   the full tree mask the Triton attention backend reads; ``--mamba-radix-cache-strategy extra_buffer`` is
-   allowed on the CPU platform (its track snapshots are SGLang's Triton kernels and that ``h``).
+   the full tree mask the Triton attention backend reads, and so does the EAGLE / NEXTN verify;
+   ``--mamba-radix-cache-strategy extra_buffer`` is allowed on the CPU platform (its track snapshots are SGLang's
+   Triton kernels and that ``h``); KDA's prefill and decode/verify kernels, unbound on CPU, are ``kda_ops.py``'s.
+6. Test instrumentation: with ``SGLANG_REPLAYSSM_CPU_LOG_TREES=1`` every verify the plugin's pool opens with a draft
+   tree prints a ``cpu-harness: tree verify`` line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import os
@@ -104,6 +109,7 @@ def _patch_torch_device_module() -> None:
     if getattr(original, "_cpu_harness", False):
         return
 
+    @functools.wraps(original)
     def get_device_module(device=None):
         if device is None:
             return torch.cpu
@@ -112,6 +118,21 @@ def _patch_torch_device_module() -> None:
     get_device_module._cpu_harness = True
     torch.get_device_module = get_device_module
     _patch_pin_memory(torch)
+    _patch_cuda_synchronize(torch)
+
+
+def _patch_cuda_synchronize(torch) -> None:
+    """``torch.cuda.synchronize()`` needs a CUDA driver; without one there is nothing to wait for (SGLang's
+    Qwen3-Next MTP draft calls it when it takes the target's embedding and head)."""
+    if torch.cuda.is_available() or getattr(torch.cuda.synchronize, "_cpu_harness", False):
+        return
+
+    @functools.wraps(torch.cuda.synchronize)   # torch.compile's tracer reads __wrapped__ of torch functions
+    def synchronize(device=None):
+        return None
+
+    synchronize._cpu_harness = True
+    torch.cuda.synchronize = synchronize
 
 
 def _patch_pin_memory(torch) -> None:
@@ -238,7 +259,53 @@ def _ngram_full_tree_mask(mod) -> None:
     mod._is_cpu = False
 
 
+def _kda_kernels_on_cpu(mod) -> None:
+    """``kda_triton.py`` imports its prefill and decode/verify kernels only off CPU: bind the PyTorch versions of
+    ``kda_ops.py`` (KDA's per-channel decay; SGLang's Triton ``chunk_kda`` is wrong under the interpreter)."""
+    from . import kda_ops
+
+    for name in ("chunk_kda", "fused_sigmoid_gating_delta_rule_update"):
+        if not hasattr(mod, name):
+            setattr(mod, name, getattr(kda_ops, name))
+
+
+def _eagle_full_tree_mask(mod) -> None:
+    """On CPU SGLang's EAGLE / NEXTN verify builds the qlen x qlen tree mask its AMX attention backend reads
+    (``TreeMaskMode.QLEN_ONLY``); the harness verifies with the Triton attention backend, which reads the full mask
+    (prefix + drafts), as on a GPU. Without this, tree drafts are verified against the wrong mask."""
+    mod.default_tree_mask_mode = lambda: mod.TreeMaskMode.FULL_MASK
+
+
+TREE_LOG_ENV = "SGLANG_REPLAYSSM_CPU_LOG_TREES"
+
+
+def _log_tree_verifies(mod) -> None:
+    """Test instrumentation (``SGLANG_REPLAYSSM_CPU_LOG_TREES=1``): every verify the plugin's pool opens with a draft
+    tree (some node's parent is not the node before it) prints one ``cpu-harness: tree verify`` line with the
+    parents, so a server test can tell that real draft trees reached the ReplaySSM verify."""
+    if os.environ.get(TREE_LOG_ENV) != "1":
+        return
+    cls = mod.ReplayMambaPool
+    begin = cls.begin_verify
+    if getattr(begin, "_cpu_harness", False):
+        return
+
+    @functools.wraps(begin)
+    def begin_verify(self, slots, num_drafts, parents=None):
+        trees = [p for p in parents or [] if list(p) != list(range(-1, len(p) - 1))]
+        if trees:
+            print(f"cpu-harness: tree verify: {len(trees)} of {len(slots)} rows, parents {list(trees[0])}",
+                  file=sys.stderr, flush=True)
+        return begin(self, slots, num_drafts, parents)
+
+    begin_verify._cpu_harness = True
+    cls.begin_verify = begin_verify
+
+
 _AFTER_IMPORT = {
+    "sglang_replayssm.sglang_plugin.pool": _log_tree_verifies,
+    "sglang.srt.speculative.eagle_utils": _eagle_full_tree_mask,
+    "sglang.srt.layers.attention.linear.kernels.kda_triton": _kda_kernels_on_cpu,
     "sglang.srt.speculative.ngram_worker": _ngram_full_tree_mask,
     "sglang.srt.layers.attention.linear.kernels.gdn_triton": _gdn_triton_on_cpu,
     "sglang.srt.arg_groups.mamba_hook": _mamba_snapshots_on_cpu,

@@ -83,11 +83,12 @@ def fused_gdn_gating_cpu(A_log, a, b, dt_bias, beta=1.0, threshold=20.0):
 
 def _delta_rule_tokens(S, q, k, v, g, beta):
     """Run the gated delta rule over ``t`` tokens of one sequence from state ``S [HV, V, K]`` (fp32):
-    ``q, k [t, HV, K]`` (normalized, scaled), ``v [t, HV, V]``, ``g, beta [t, HV]``. Returns outputs
-    ``[t, HV, V]`` and the states after every token ``[t, HV, V, K]``."""
+    ``q, k [t, HV, K]`` (normalized, scaled), ``v [t, HV, V]``, ``beta [t, HV]``, log-decays ``g [t, HV]`` (GDN)
+    or ``[t, HV, K]`` (KDA: per key channel). Returns outputs ``[t, HV, V]`` and the states after every token
+    ``[t, HV, V, K]``."""
     outs, states = [], []
     for t in range(q.shape[0]):
-        S = S * torch.exp(g[t])[:, None, None]
+        S = S * (torch.exp(g[t])[:, None, None] if g.dim() == 2 else torch.exp(g[t])[:, None, :])
         d = beta[t][:, None] * (v[t] - torch.einsum("hvk,hk->hv", S, k[t]))
         S = S + d[:, :, None] * k[t][:, None, :]
         outs.append(torch.einsum("hvk,hk->hv", S, q[t]))

@@ -1,6 +1,6 @@
 """Tiny hybrid checkpoints SGLang can serve on a CPU: seeded random weights, no downloads.
 
-    python -m sglang_replayssm.cpu_harness.tiny_checkpoints OUT_DIR [--family qwen3_next|nemotron_h|all]
+    python -m sglang_replayssm.cpu_harness.tiny_checkpoints OUT_DIR [--family qwen3_next|nemotron_h|kimi_linear|qwen3_next_mtp|all]
 
 Each family is written as a Hugging Face folder (``config.json``, ``model.safetensors``,
 ``tokenizer.json``, ``tokenizer_config.json`` with a chat template) by ``transformers`` itself, so the
@@ -8,9 +8,13 @@ same folder loads in ``transformers`` (the oracle of the server tests) and in SG
 
 * ``qwen3_next``: Qwen3-Next layout, Gated DeltaNet layers + full attention every second layer, every
   MLP a sparse MoE block with a shared expert (as the real model has it).
-* ``nemotron_h``: Nemotron-H layout, Mamba-2 / attention / MLP blocks (``M*M-``). ``transformers`` 5.19
-  writes ``layers_block_type``; SGLang's ``NemotronHConfig`` reads the same folder once the legacy names
-  it expects are also present (written here).
+* ``nemotron_h``: Nemotron-H layout, Mamba-2 / attention / MLP blocks (``M*M-``).
+* ``kimi_linear``: Kimi-Linear layout, KDA layers 1 and 3 + MLA layers 2 and 4 (no rotary embedding, as
+  ``mla_use_nope``), dense MLPs; written directly (``transformers`` has no Kimi-Linear class without remote code).
+
+``transformers`` 5.19 saves both with names SGLang 0.5.23 does not read (Nemotron-H's ``layers_block_type:
+[linear_attention, full_attention, ...]``, Qwen3-Next's ``layer_types``); the names SGLang reads are added
+beside them (``sglang_replayssm.checkpoint_names``), unless ``--as-saved``.
 
 The tokenizer is byte-level BPE (``tokenizers``), trained here on a short fixed text: 256 byte tokens,
 a few hundred merges, ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``. Weights are scaled up from
@@ -23,7 +27,9 @@ import argparse
 import json
 from pathlib import Path
 
-FAMILIES = ("qwen3_next", "nemotron_h")
+FAMILIES = ("qwen3_next", "nemotron_h")   # written by transformers (which is their oracle)
+KIMI = "kimi_linear"                       # written directly (no transformers class): its oracle is stock SGLang
+QWEN3_NEXT_MTP = "qwen3_next_mtp"          # qwen3_next + an MTP layer (NEXTN / EAGLE drafts)
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 VOCAB = 512
 CHAT_TEMPLATE = (
@@ -90,36 +96,131 @@ def _scale_weights(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.5 / fan_in ** 0.5))
 
 
-# SGLang's NemotronHConfig name -> the name transformers 5.19 writes
-_NEMOTRON_H_SGLANG_NAMES = {
-    "mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_expand": "expand",
-    "mamba_conv_bias": "use_conv_bias", "mamba_dt_min": "time_step_min", "mamba_dt_max": "time_step_max",
-    "mamba_dt_limit": "time_step_limit", "mamba_dt_init_floor": "time_step_floor", "mamba_chunk_size": "chunk_size",
-}
+def _sglang_compatible_config(out: Path) -> None:
+    """Add the names SGLang 0.5.23 reads beside transformers 5's (``checkpoint_names``, shared with the launcher,
+    which does the same for a user's folder through an overlay)."""
+    from sglang_replayssm.checkpoint_names import sglang_config
 
-
-def _sglang_compatible_config(family: str, out: Path) -> None:
-    cfg = json.loads((out / "config.json").read_text())
-    if family == "qwen3_next":
-        # SGLang's Qwen3NextConfig derives the layer types from full_attention_interval
-        full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
-        cfg["full_attention_interval"] = full[0] + 1
-        assert full == list(range(full[0], len(cfg["layer_types"]), full[0] + 1)), cfg["layer_types"]
-    if family == "nemotron_h":
-        # transformers 5.19 writes its internal names (linear_attention / full_attention); SGLang's
-        # NemotronHConfig validates against mamba / attention / mlp / moe, and reads the legacy names.
-        internal = {"linear_attention": "mamba", "full_attention": "attention"}
-        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
-        for key in ("layers_block_type", "mtp_layers_block_type"):
-            cfg[key] = [internal.get(t, t) for t in cfg[key]]
-        cfg["hybrid_override_pattern"] = "".join(letters[t] for t in cfg["layers_block_type"])
-        cfg["num_hidden_layers"] = len(cfg["layers_block_type"])
-        for sglang_name, hf_name in _NEMOTRON_H_SGLANG_NAMES.items():
-            cfg[sglang_name] = cfg[hf_name]
+    cfg, _changes = sglang_config(json.loads((out / "config.json").read_text()))
     (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
 
 
-def write_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
+# Kimi Linear: KDA layers (1-based ids, as its config lists them) and MLA attention layers, dense MLPs
+KIMI_LINEAR = dict(hidden=64, layers=4, kda_layers=[1, 3], heads=2, head_dim=32, conv=4, mla_heads=2,
+                   kv_lora_rank=48, qk_nope=16, qk_rope=16, v_head=32, intermediate=128)
+
+
+def _kimi_linear_config(ids: dict) -> dict:
+    k = KIMI_LINEAR
+    return {
+        "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "vocab_size": VOCAB,
+        "hidden_size": k["hidden"], "intermediate_size": k["intermediate"], "num_hidden_layers": k["layers"],
+        "num_attention_heads": k["mla_heads"], "num_key_value_heads": k["mla_heads"], "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "float32",
+        "rope_theta": 10000.0, "rope_scaling": None,
+        "q_lora_rank": None, "kv_lora_rank": k["kv_lora_rank"], "qk_nope_head_dim": k["qk_nope"],
+        "qk_rope_head_dim": k["qk_rope"], "v_head_dim": k["v_head"], "mla_use_nope": True,
+        "linear_attn_config": {"kda_layers": k["kda_layers"], "num_heads": k["heads"], "head_dim": k["head_dim"],
+                               "short_conv_kernel_size": k["conv"],
+                               "full_attn_layers": [i for i in range(1, k["layers"] + 1) if i not in k["kda_layers"]]},
+        "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|endoftext|>"],
+    }
+
+
+def _kimi_linear_weights(seed: int) -> dict:
+    """The tensors SGLang 0.5.23's ``KimiLinearForCausalLM.load_weights`` reads, under a Kimi-Linear checkpoint's
+    names (``q_proj``/``k_proj``/``v_proj``/``b_proj``, low-rank ``f_a``/``f_b`` decay and ``g_a``/``g_b`` output-gate
+    projections, per-channel ``dt_bias``, per-head ``A_log``, ``q/k/v_conv1d``; MLA ``q_proj``,
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``)."""
+    import math
+
+    import torch
+
+    k = KIMI_LINEAR
+    g = torch.Generator().manual_seed(seed)
+    D, H, K, I = k["hidden"], k["heads"], k["head_dim"], k["intermediate"]
+    P = H * K
+
+    def lin(out_f, in_f):
+        return torch.randn(out_f, in_f, generator=g) * (1.5 / in_f ** 0.5)
+
+    w = {"model.embed_tokens.weight": torch.randn(VOCAB, D, generator=g), "lm_head.weight": lin(VOCAB, D),
+         "model.norm.weight": torch.ones(D)}
+    for i in range(k["layers"]):
+        pre = f"model.layers.{i}."
+        w[pre + "input_layernorm.weight"] = torch.ones(D)
+        w[pre + "post_attention_layernorm.weight"] = torch.ones(D)
+        w[pre + "mlp.gate_proj.weight"], w[pre + "mlp.up_proj.weight"] = lin(I, D), lin(I, D)
+        w[pre + "mlp.down_proj.weight"] = lin(D, I)
+        a = pre + "self_attn."
+        if i + 1 in k["kda_layers"]:
+            for n in ("q", "k", "v"):
+                w[a + f"{n}_proj.weight"] = lin(P, D)
+                w[a + f"{n}_conv1d.weight"] = torch.randn(P, 1, k["conv"], generator=g) / math.sqrt(k["conv"])
+            w[a + "b_proj.weight"] = lin(H, D)
+            w[a + "f_a_proj.weight"], w[a + "f_b_proj.weight"] = lin(K, D), lin(P, K)
+            w[a + "g_a_proj.weight"], w[a + "g_b_proj.weight"] = lin(K, D), lin(P, K)
+            w[a + "dt_bias"] = torch.randn(P, generator=g) * 0.5
+            w[a + "A_log"] = torch.log(torch.empty(1, 1, H, 1).uniform_(1, 16, generator=g))
+            w[a + "o_norm.weight"] = torch.ones(K)
+            w[a + "o_proj.weight"] = lin(D, P)
+        else:
+            nh, r = k["mla_heads"], k["kv_lora_rank"]
+            w[a + "q_proj.weight"] = lin(nh * (k["qk_nope"] + k["qk_rope"]), D)
+            w[a + "kv_a_proj_with_mqa.weight"] = lin(r + k["qk_rope"], D)
+            w[a + "kv_a_layernorm.weight"] = torch.ones(r)
+            w[a + "kv_b_proj.weight"] = lin(nh * (k["qk_nope"] + k["v_head"]), r)
+            w[a + "o_proj.weight"] = lin(D, nh * k["v_head"])
+    return {n: t.contiguous() for n, t in w.items()}
+
+
+def write_kimi_linear(out: Path, seed: int = 0) -> Path:
+    """The tiny Kimi-Linear checkpoint (``transformers`` has no Kimi-Linear class without remote code: the folder
+    is written directly, config.json and model.safetensors as Moonshot's checkpoints lay them out)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(out)
+    (out / "config.json").write_text(json.dumps(_kimi_linear_config(ids), indent=1, sort_keys=True))
+    save_file(_kimi_linear_weights(seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def add_mtp_layer(out: Path, seed: int = 0) -> Path:
+    """Give the tiny Qwen3-Next in ``out`` a multi-token-prediction layer as Qwen3-Next checkpoints carry it
+    (``mtp.fc``, ``mtp.pre_fc_norm_embedding`` / ``_hidden``, ``mtp.layers.0.*``: a full-attention + MoE layer,
+    ``mtp.norm``; ``num_nextn_predict_layers: 1``), what SGLang's ``--speculative-algorithm NEXTN`` drafts with. The
+    layer starts as a copy of the model's last full-attention layer (random weights: the drafts are poor, the verify
+    decides; ``transformers`` ignores ``mtp.*``)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    cfg = json.loads((out / "config.json").read_text())
+    full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"][-1]
+    w = load_file(str(out / "model.safetensors"))
+    src = f"model.layers.{full}."
+    for name in [n for n in w if n.startswith(src)]:
+        w["mtp.layers.0." + name[len(src):]] = w[name].clone()
+    D = cfg["hidden_size"]
+    g = torch.Generator().manual_seed(seed + 1)
+    w["mtp.fc.weight"] = torch.randn(D, 2 * D, generator=g) * (1.5 / (2 * D) ** 0.5)
+    for n in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"):
+        w[n] = torch.zeros(D)   # Qwen3-Next's (1 + w) RMSNorm: unit gain
+    save_file({n: t.contiguous() for n, t in w.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg["num_nextn_predict_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    return out
+
+
+def write_checkpoint(family: str, out: Path, seed: int = 0, sglang_names: bool = True) -> Path:
+    """The tiny ``family`` checkpoint in ``out``; ``sglang_names=False`` leaves config.json as transformers 5
+    saved it (a folder as users have it: SGLang itself cannot read it, our launcher serves it)."""
+    if family == KIMI:
+        return write_kimi_linear(out, seed)
+    if family == QWEN3_NEXT_MTP:
+        return add_mtp_layer(write_checkpoint("qwen3_next", out, seed, sglang_names), seed)
     import torch
     import transformers
 
@@ -131,7 +232,8 @@ def write_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     _scale_weights(model, seed)
     model.save_pretrained(out, safe_serialization=True)
-    _sglang_compatible_config(family, out)
+    if sglang_names:
+        _sglang_compatible_config(out)
     return out
 
 
@@ -139,11 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_replayssm.cpu_harness.tiny_checkpoints",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--family", choices=FAMILIES + ("all",), default="all")
+    p.add_argument("--family", choices=FAMILIES + (KIMI, QWEN3_NEXT_MTP, "all"), default="all")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--as-saved", action="store_true",
+                   help="leave config.json as transformers 5 saves it (without the names SGLang 0.5.23 reads)")
     a = p.parse_args(argv)
-    for fam in FAMILIES if a.family == "all" else (a.family,):
-        path = write_checkpoint(fam, Path(a.out_dir) / fam, a.seed)
+    for fam in FAMILIES + (KIMI,) if a.family == "all" else (a.family,):
+        path = write_checkpoint(fam, Path(a.out_dir) / fam, a.seed, sglang_names=not a.as_saved)
         print(f"{fam}: {path}")
     return 0
 

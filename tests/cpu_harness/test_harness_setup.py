@@ -89,3 +89,16 @@ def test_every_replayssm_dashboard_panel_is_described_by_the_metric_table():
             assert panel["fieldConfig"]["defaults"]["unit"] == "Bps", panel["title"]   # rates of byte counters
         described += 1
     assert described == 5
+
+
+def test_mla_models_default_to_the_triton_attention_backend(tmp_path):
+    """torch_native's SDPA cannot read MLA's latent cache (Kimi Linear, DeepSeek): a model folder whose config has
+    kv_lora_rank gets SGLang's Triton backend unless the user names one."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_linear", "kv_lora_rank": 48}))
+    out = cpu_server_args(["--model-path", str(tmp_path)])
+    assert out[out.index("--attention-backend") + 1] == "triton"
+    out = cpu_server_args([f"--model-path={tmp_path}", "--attention-backend", "torch_native"])
+    assert out[out.index("--attention-backend") + 1] == "torch_native" and out.count("--attention-backend") == 1
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_next"}))
+    out = cpu_server_args(["--model-path", str(tmp_path)])
+    assert out[out.index("--attention-backend") + 1] == CPU_DEFAULTS["--attention-backend"]

@@ -25,7 +25,9 @@ import pytest
 pytest.importorskip("sglang", reason="the SGLang server tests need the sglang package (pip install -e .[test])")
 requests = pytest.importorskip("requests")
 
+from sglang_replayssm.checkpoint_names import OVERLAY_ENV  # noqa: E402
 from sglang_replayssm.cpu_harness import OVERLAP_ENV, cpu_server_args, harness_env  # noqa: E402
+from sglang_replayssm.cpu_harness.bridge import TREE_LOG_ENV  # noqa: E402
 
 START_TIMEOUT_S = 300
 PROMPTS = ("The quick brown fox", "hello, world! How are you", "def main(argv):\n    for i in range(10):")
@@ -63,7 +65,20 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "m2-L16-nvfp4": ("nemotron_h", True, ["--replayssm-read-copy", "nvfp4"], {}),
     "m2-ngram": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
                                       "NGRAM", "--speculative-num-draft-tokens", "4"], {}),
+    # Kimi Linear (KDA + MLA; the harness picks SGLang's Triton attention backend for MLA)
+    "kda-stock": ("kimi_linear", False, [], {}),
+    "kda-L4-fp8-kernels": ("kimi_linear", True, ["--replayssm-window", "4", "--replayssm-read-copy", "fp8",
+                                                 "--enable-metrics"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
+    # Qwen3-Next + its MTP layer: NEXTN drafts as EAGLE trees (top-2, 2 steps, 4 draft tokens); the harness logs every
+    # verify the plugin opens with a draft tree
+    "gdn-mtp-tree": ("qwen3_next_mtp", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
+                                              "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
+                                              "--speculative-num-draft-tokens", "4"], {TREE_LOG_ENV: "1"}),
 }
+
+# configurations served from the folder exactly as transformers 5 saved it (its names, not SGLang's): our launcher
+# serves it through an overlay folder (sglang_replayssm.checkpoint_names); stock SGLang reads the family's folder
+TRANSFORMERS5_FOLDERS = {"m2-L4": "nemotron_h_transformers5", "gdn-L4-kernels": "qwen3_next_transformers5"}
 
 
 def free_port() -> int:
@@ -80,7 +95,7 @@ class SGLangServer:
     def __init__(self, name: str, model_dir: Path, log_dir: Path):
         family, plugin, extra, env_extra = CONFIGS[name]
         self.name, self.family, self.plugin = name, family, plugin
-        self.model_dir = model_dir / family
+        self.model_dir = model_dir / TRANSFORMERS5_FOLDERS.get(name, family)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{name}.log"
@@ -98,6 +113,7 @@ class SGLangServer:
         # launcher takes for a crash and would wait 5 s for those diagnostics (there is no GPU here)
         env.update(SGLANG_PYSPY_DUMP_BEFORE_CRASH="0", SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0")
         env.update(env_extra)
+        env[OVERLAY_ENV] = str(log_dir / "checkpoint-overlays")
         self.cmd = cmd
         self.started = time.monotonic()
         with open(self.log_path, "wb") as log:
@@ -190,11 +206,13 @@ class Servers:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> Path:
-    from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, write_checkpoint
+    from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, KIMI, QWEN3_NEXT_MTP, write_checkpoint
 
     out = tmp_path_factory.mktemp("tiny-sglang-models")
-    for fam in FAMILIES:
+    for fam in FAMILIES + (KIMI, QWEN3_NEXT_MTP):
         write_checkpoint(fam, out / fam, seed=0)
+    for fam in sorted(set(TRANSFORMERS5_FOLDERS.values())):   # the same weights, config.json as transformers 5 saves it
+        write_checkpoint(fam.removesuffix("_transformers5"), out / fam, seed=0, sglang_names=False)
     return out
 
 
