@@ -286,20 +286,21 @@ def _log_tree_verifies(mod) -> None:
     if os.environ.get(TREE_LOG_ENV) != "1":
         return
     cls = mod.ReplayMambaPool
-    begin = cls.begin_verify
-    if getattr(begin, "_cpu_harness", False):
+    opened = cls.open_verify
+    if getattr(opened, "_cpu_harness", False):
         return
 
-    @functools.wraps(begin)
-    def begin_verify(self, slots, num_drafts, parents=None):
-        trees = [p for p in parents or [] if list(p) != list(range(-1, len(p) - 1))]
+    @functools.wraps(opened)
+    def open_verify(self, parents):
+        rows = [] if parents is None else parents.tolist()   # CPU tensors: the harness may read them
+        trees = [p for p in rows if list(p) != list(range(-1, len(p) - 1))]
         if trees:
-            print(f"cpu-harness: tree verify: {len(trees)} of {len(slots)} rows, parents {list(trees[0])}",
+            print(f"cpu-harness: tree verify: {len(trees)} of {len(rows)} rows, parents {list(trees[0])}",
                   file=sys.stderr, flush=True)
-        return begin(self, slots, num_drafts, parents)
+        return opened(self, parents)
 
-    begin_verify._cpu_harness = True
-    cls.begin_verify = begin_verify
+    open_verify._cpu_harness = True
+    cls.open_verify = open_verify
 
 
 _AFTER_IMPORT = {
