@@ -29,6 +29,7 @@ APP_NAME = "replayssm"
 ENGINE_DEPLOYMENT = "ReplaySSMEngine"
 ROUTER_DEPLOYMENT = "ReplaySSMRouter"
 ROUTER_CLASS = "sglang_replayssm.scheduler.request_router:ReplaySSMRouter"
+HEAD_NODE_RESOURCE = "node:__internal_head__"   # the head node's resource (ray._common.constants.HEAD_NODE_RESOURCE_NAME)
 
 
 class SchedulerError(RuntimeError):
@@ -55,6 +56,7 @@ class SchedulerOptions:
     health_check_timeout_s: float = 30.0
     stats_period_s: float = 1.0
     startup_timeout_s: float = 900.0
+    ray_connect_timeout_s: float = 30.0
     max_retries: int = 3
     log_dir: str | None = None
     ray_metrics_port: int | None = None
@@ -77,6 +79,8 @@ class SchedulerOptions:
             raise SchedulerError("--replica-num-gpus", f"must be >= 0, got {self.replica_num_gpus}")
         if self.replica_max_ongoing < 1:
             raise SchedulerError("--replica-max-ongoing", f"must be >= 1, got {self.replica_max_ongoing}")
+        if not 0 < self.ray_connect_timeout_s < float("inf"):
+            raise SchedulerError("--ray-connect-timeout", f"must be a number of seconds > 0, got {self.ray_connect_timeout_s}")
         if self.max_retries < 0:
             raise SchedulerError("--max-retries", f"must be >= 0, got {self.max_retries}")
         from ..native.auth import check_key   # standard library only
@@ -127,6 +131,8 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
     g.add_argument("--health-check-period", type=float, default=2.0,
                    help="seconds between replica health checks (default 2)")
     g.add_argument("--replica-log-dir", default=None, help="write each engine's log here")
+    g.add_argument("--ray-connect-timeout", type=float, default=30.0,
+                   help="seconds joining the --ray-address cluster may take before it is an error (default 30)")
     g.add_argument("--ray-metrics-port", type=int, default=None,
                    help="Ray metrics export port when this command starts the Ray cluster (default: Ray's choice)")
     return g
@@ -165,6 +171,7 @@ def options_from_args(args: Any) -> SchedulerOptions:
         replica_num_gpus=float(gpus), replica_max_ongoing=int(pick("replica_max_ongoing", 256)),
         max_retries=int(pick("max_retries", 3)), health_check_period_s=float(pick("health_check_period", 2.0)),
         log_dir=pick("replica_log_dir"), ray_metrics_port=pick("ray_metrics_port"), policy=pol,
+        ray_connect_timeout_s=float(pick("ray_connect_timeout", 30.0)),
         api_key=key_ns.api_key if getattr(args, "api_key", None) is None else args.api_key,
     ).validate()
 
@@ -200,18 +207,85 @@ def _split_host_port(addr: str, flag: str):
     return host.strip("[]"), int(port)
 
 
+def _interface_ip() -> str | None:
+    """The address this machine reaches other hosts from (what Ray advertises by default); no packet
+    is sent. None without a route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("8.8.8.8", 53))
+            return s.getsockname()[0]
+        except OSError:
+            return None
+
+
+def loopback_join_ip(host: str, port: int, iface: str | None = None) -> str | None:
+    """The node IP a driver must announce to join the cluster whose GCS is at loopback host:port, or
+    None when Ray's own address resolution works.
+
+    Ray rewrites a loopback bootstrap address (127.0.0.1, localhost, ::1) to the machine's interface
+    address (`iface`, default: found here) before connecting. A cluster whose nodes were started on
+    127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, e.g. local_cluster.py) listens on loopback only, so
+    the rewritten address is never answered (GCS time-outs for minutes). Such a cluster is recognised by
+    its GCS answering on loopback but not on the interface address; its driver then keeps the loopback
+    address and announces it as its node IP."""
+    if host not in LOOPBACK_HOSTS:
+        return None
+    join = "::1" if host == "::1" else "127.0.0.1"
+    iface = _interface_ip() if iface is None else iface
+    if iface and iface != join and _tcp_reachable(iface, port, timeout=1.0) is None:
+        return None   # the GCS listens beyond loopback: its nodes advertise the interface address
+    return join
+
+
+def _init_with_deadline(kw: dict[str, Any], timeout_s: float, addr: str) -> None:
+    """ray.init(**kw) with a deadline: Ray retries a GCS that does not answer for minutes. Past the
+    deadline a watchdog prints the --ray-address error and ends the process (exit 2); ray.init itself
+    stays in the main thread (Ray installs its signal handlers there)."""
+    import ray
+
+    def give_up():
+        err = SchedulerError("--ray-address", f"no Ray cluster answered at {addr} within {timeout_s:g} s "
+                             "(--ray-connect-timeout); HOST:PORT must be the GCS of a cluster this machine is a "
+                             "node of (`ray start --address=...` here first), ray://HOST:10001 connects from outside")
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        os._exit(2)   # ray.init still retries in the main thread, and Ray's exit hooks would wait for it
+
+    watchdog = threading.Timer(timeout_s, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        ray.init(**kw)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SchedulerError("--ray-address", f"cannot connect to the Ray cluster at {addr!r}: {first}") from None
+    finally:
+        watchdog.cancel()
+
+
 def connect_ray(opts: SchedulerOptions):
-    """Join the cluster named by --ray-address, or start a local one; clear errors otherwise."""
+    """Join the cluster named by --ray-address, or start a local one; clear errors otherwise (within
+    --ray-connect-timeout seconds when the address answers but no cluster joins)."""
     addr = opts.ray_address
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     loopback = opts.host in LOOPBACK_HOSTS
-    if addr in (None, "", "local") and loopback:
-        loopback_mod.enable()
+    local = addr in (None, "", "local")
+    join_ip = None
+    if not local and addr != "auto":
+        client = addr.startswith("ray://")
+        target = addr[len("ray://"):] if client else addr
+        host, port = _split_host_port(target, "--ray-address")
+        why = _tcp_reachable(host, port)
+        if why is not None:
+            raise SchedulerError("--ray-address", f"cannot reach the Ray cluster at {addr} ({why}); "
+                                 "start it with `ray start --head` or fix the address")
+        join_ip = None if client else loopback_join_ip(host, port)
+    if (local and loopback) or join_ip:
+        loopback_mod.enable()   # Ray keeps 127.0.0.1 as the node address (before ray is imported)
     import ray
 
     if ray.is_initialized():
         return
-    if addr in (None, "", "local"):
+    if local:
         kw: dict[str, Any] = dict(address="local", include_dashboard=False, log_to_driver=False)
         if loopback:
             kw["_node_ip_address"] = "127.0.0.1"
@@ -220,18 +294,11 @@ def connect_ray(opts: SchedulerOptions):
             kw["_metrics_export_port"] = int(opts.ray_metrics_port)
         ray.init(**kw)
         return
-    if addr != "auto":
-        target = addr[len("ray://"):] if addr.startswith("ray://") else addr
-        host, port = _split_host_port(target, "--ray-address")
-        why = _tcp_reachable(host, port)
-        if why is not None:
-            raise SchedulerError("--ray-address", f"cannot reach the Ray cluster at {addr} ({why}); "
-                                 "start it with `ray start --head` or fix the address")
-    try:
-        ray.init(address=addr, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-        raise SchedulerError("--ray-address", f"cannot connect to the Ray cluster at {addr!r}: "
-                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    kw = dict(address=addr, log_to_driver=False)
+    if join_ip:
+        kw["_node_ip_address"] = join_ip
+        kw["runtime_env"] = {"worker_process_setup_hook": loopback_mod.HOOK}
+    _init_with_deadline(kw, opts.ray_connect_timeout_s, addr)
 
 
 def check_capacity(opts: SchedulerOptions) -> None:
@@ -280,9 +347,11 @@ def build_app(opts: SchedulerOptions):
             request_routing_stats_timeout_s=10.0,
         ),
     ).bind(opts.engine, engine_argv, opts.startup_timeout_s, opts.log_dir)
+    # The router runs on the head node, beside Serve's controller and its HTTP proxy (HeadOnly): losing a
+    # worker node then loses engine replicas only, whose requests the router resumes elsewhere.
     router = serve.deployment(RouterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=opts.router_max_ongoing,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}},
     ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries, opts.api_key,
             opts.host in LOOPBACK_HOSTS)
     return router
