@@ -57,6 +57,10 @@ class SchedulerOptions:
     stats_period_s: float = 1.0
     startup_timeout_s: float = 900.0
     ray_connect_timeout_s: float = 30.0
+    # --autoscale MIN:MAX: Serve's autoscaling_config (replicas from MIN to MAX, starting at `replicas`)
+    autoscale: tuple[int, int] | None = None
+    autoscale_target: int | None = None          # ongoing requests per replica (None: the engine's slots)
+    autoscale_delays: tuple[float, float] = (10.0, 60.0)   # seconds above / below target before scaling
     max_retries: int = 3
     log_dir: str | None = None
     ray_metrics_port: int | None = None
@@ -81,6 +85,17 @@ class SchedulerOptions:
             raise SchedulerError("--replica-max-ongoing", f"must be >= 1, got {self.replica_max_ongoing}")
         if not 0 < self.ray_connect_timeout_s < float("inf"):
             raise SchedulerError("--ray-connect-timeout", f"must be a number of seconds > 0, got {self.ray_connect_timeout_s}")
+        if self.autoscale is not None:
+            lo, hi = self.autoscale
+            if not 1 <= lo <= hi:
+                raise SchedulerError("--autoscale", f"MIN:MAX needs 1 <= MIN <= MAX, got {lo}:{hi}")
+            if not lo <= self.replicas <= hi:
+                raise SchedulerError("--replicas", f"the initial replica count {self.replicas} must lie in "
+                                     f"--autoscale {lo}:{hi}")
+            if self.autoscale_target is not None and self.autoscale_target < 1:
+                raise SchedulerError("--autoscale-target", f"must be >= 1, got {self.autoscale_target}")
+            if not all(0 <= d < float("inf") for d in self.autoscale_delays):
+                raise SchedulerError("--autoscale-delays", f"UP:DOWN must be seconds >= 0, got {self.autoscale_delays}")
         if self.max_retries < 0:
             raise SchedulerError("--max-retries", f"must be >= 0, got {self.max_retries}")
         from ..native.auth import check_key   # standard library only
@@ -131,6 +146,15 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
     g.add_argument("--health-check-period", type=float, default=2.0,
                    help="seconds between replica health checks (default 2)")
     g.add_argument("--replica-log-dir", default=None, help="write each engine's log here")
+    g.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                   help="let Serve scale the engine replicas between MIN and MAX on load (starting at --replicas); "
+                        "default: a fixed --replicas")
+    g.add_argument("--autoscale-target", type=int, default=None,
+                   help="with --autoscale: ongoing requests per replica Serve aims at (default: the engine's "
+                        "--max-running-requests when given, else --route-target-batch, else 32)")
+    g.add_argument("--autoscale-delays", default="10:60", metavar="UP:DOWN",
+                   help="with --autoscale: seconds the load must stay above / below the target before a replica "
+                        "is added / removed (default 10:60)")
     g.add_argument("--ray-connect-timeout", type=float, default=30.0,
                    help="seconds joining the --ray-address cluster may take before it is an error (default 30)")
     g.add_argument("--ray-metrics-port", type=int, default=None,
@@ -172,8 +196,46 @@ def options_from_args(args: Any) -> SchedulerOptions:
         max_retries=int(pick("max_retries", 3)), health_check_period_s=float(pick("health_check_period", 2.0)),
         log_dir=pick("replica_log_dir"), ray_metrics_port=pick("ray_metrics_port"), policy=pol,
         ray_connect_timeout_s=float(pick("ray_connect_timeout", 30.0)),
+        autoscale=_pair(pick("autoscale"), int, "--autoscale", "MIN:MAX"),
+        autoscale_target=pick("autoscale_target") or _engine_slots(engine_argv) or pol.target_batch,
+        autoscale_delays=_pair(pick("autoscale_delays", "10:60"), float, "--autoscale-delays", "UP:DOWN"),
         api_key=key_ns.api_key if getattr(args, "api_key", None) is None else args.api_key,
     ).validate()
+
+
+def _pair(text: str | None, kind, flag: str, form: str):
+    """'A:B' as (kind(A), kind(B)); None stays None; SchedulerError naming the flag otherwise."""
+    if text is None:
+        return None
+    a, sep, b = str(text).partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return kind(a), kind(b)
+    except ValueError:
+        raise SchedulerError(flag, f"expected {form}, got {text!r}") from None
+
+
+def _engine_slots(engine_argv: Sequence[str]) -> int | None:
+    """The engine's --max-running-requests (its pool slots) when the engine arguments give it."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    try:
+        return p.parse_known_args(list(engine_argv))[0].max_running_requests
+    except SystemExit:
+        return None
+
+
+def autoscaling_config(opts: SchedulerOptions) -> dict[str, Any] | None:
+    """Serve's autoscaling_config for --autoscale, or None (a fixed --replicas)."""
+    if opts.autoscale is None:
+        return None
+    from .policy import DEFAULT_TARGET_BATCH
+
+    up, down = opts.autoscale_delays
+    return {"min_replicas": opts.autoscale[0], "max_replicas": opts.autoscale[1], "initial_replicas": opts.replicas,
+            "target_ongoing_requests": opts.autoscale_target or DEFAULT_TARGET_BATCH,
+            "upscale_delay_s": up, "downscale_delay_s": down, "metrics_interval_s": 1.0, "look_back_period_s": 5.0}
 
 
 # -- Ray connection ------------------------------------------------------------------------------
@@ -332,13 +394,16 @@ def build_app(opts: SchedulerOptions):
         from .auth import KeyedEngineReplica
 
         replica_cls = KeyedEngineReplica
+    autoscale = autoscaling_config(opts)
+    scale = {"num_replicas": opts.replicas} if autoscale is None else {"autoscaling_config": autoscale}
     engine = serve.deployment(replica_cls).options(
         name=ENGINE_DEPLOYMENT,
-        num_replicas=opts.replicas,
+        **scale,
         max_ongoing_requests=opts.replica_max_ongoing,
         health_check_period_s=opts.health_check_period_s,
         health_check_timeout_s=opts.health_check_timeout_s,
-        graceful_shutdown_timeout_s=5,
+        # a replica scaled down gets this long to finish its streams (the router resumes what is left)
+        graceful_shutdown_timeout_s=5 if autoscale is None else 30,
         ray_actor_options={"num_cpus": opts.replica_num_cpus, "num_gpus": opts.replica_num_gpus},
         request_router_config=RequestRouterConfig(
             request_router_class=opts.request_router_class,
@@ -429,7 +494,8 @@ def launch_replicas(args: Any) -> int:
     from ray import serve
 
     url = start(opts)
-    print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s) behind the router at {url} "
+    scaling = "" if opts.autoscale is None else f" (autoscaling {opts.autoscale[0]}..{opts.autoscale[1]})"
+    print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s){scaling} behind the router at {url} "
           f"(OpenAI API under /v1, metrics at /metrics)", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

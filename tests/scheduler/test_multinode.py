@@ -277,3 +277,60 @@ def _signal_groups(groups, sig):
             os.killpg(g, sig)
         except ProcessLookupError:
             pass
+
+
+AUTOSCALE_TEST = os.environ.get("REPLAYSSM_AUTOSCALE_TEST") == "1"
+
+
+@pytest.mark.skipif(not AUTOSCALE_TEST, reason="about 90 s more on the critical path of CI (the launcher started "
+                    "again, a replica started and stopped): run with REPLAYSSM_AUTOSCALE_TEST=1")
+def test_autoscale_adds_a_replica_under_a_load_step_and_drains_it_when_idle(mn):
+    """After the node loss, on the surviving worker: the launcher again with `--replicas 1 --autoscale 1:2
+    --autoscale-target 2 --autoscale-delays 1:5`. A load step of 6 concurrent streams makes Serve add the
+    second replica; back to one stream at a time, it removes one while that stream runs. Every request of
+    both phases completes: one [DONE], exactly max_tokens tokens."""
+    TIMINGS["autoscale_relaunch_s"] = round(mn.relaunch(
+        {"--replicas": "1"}, ["--autoscale", "1:2", "--autoscale-target", "2", "--autoscale-delays", "1:5"]), 1)
+    _wait_replicas(mn, n=1)
+    max_tokens = 120
+
+    async def one(c, i):
+        return await complete(c, f"autoscale {i} {uuid.uuid4().hex[:8]}", max_tokens, stream=True, **EXTRA)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=mn.url, timeout=300) as c:
+            results, t0 = [], time.monotonic()
+            running = {asyncio.create_task(one(c, k)) for k in range(6)}
+            i = 6
+            while True:   # the load step: 6 streams at all times until a second replica serves
+                done, running = await asyncio.wait(running, timeout=0.5)
+                results += [d.result() for d in done]
+                for _ in done:
+                    running.add(asyncio.create_task(one(c, i)))
+                    i += 1
+                if len(mn.replicas()) == 2 and len(_up(mn)) == 2:
+                    up_s = time.monotonic() - t0
+                    break
+                assert time.monotonic() - t0 < 120, f"no second replica after 120 s: {mn.replicas()}"
+            results += await asyncio.gather(*running)
+            t1 = time.monotonic()
+            while True:   # one stream at a time: Serve removes a replica while it may run
+                results.append(await one(c, i))
+                i += 1
+                if len(mn.replicas()) == 1:
+                    down_s = time.monotonic() - t1
+                    break
+                assert time.monotonic() - t1 < 120, f"still {mn.replicas()} after 120 s below the target"
+            results.append(await one(c, i))
+            return results, up_s, down_s
+
+    results, up_s, down_s = _run(main())
+    for r in results:
+        assert r["done"] and r["tokens"] == max_tokens, r["meta"]
+    TIMINGS["autoscale"] = {"requests": len(results), "scale_up_s": round(up_s, 1), "scale_down_s": round(down_s, 1),
+                            "resumed": sum(1 for r in results if r["retries"])}
+
+
+def _up(mn):
+    text = httpx.get(mn.url + "/metrics", timeout=10).text
+    return {k for k, v in metric_values(text, "replayssm_router_replica_up").items() if v == 1}
