@@ -197,7 +197,7 @@ def options_from_args(args: Any) -> SchedulerOptions:
         log_dir=pick("replica_log_dir"), ray_metrics_port=pick("ray_metrics_port"), policy=pol,
         ray_connect_timeout_s=float(pick("ray_connect_timeout", 30.0)),
         autoscale=_pair(pick("autoscale"), int, "--autoscale", "MIN:MAX"),
-        autoscale_target=pick("autoscale_target") or _engine_slots(engine_argv) or pol.target_batch,
+        autoscale_target=_first_given(pick("autoscale_target"), _engine_slots(engine_argv), pol.target_batch),
         autoscale_delays=_pair(pick("autoscale_delays", "10:60"), float, "--autoscale-delays", "UP:DOWN"),
         api_key=key_ns.api_key if getattr(args, "api_key", None) is None else args.api_key,
     ).validate()
@@ -214,6 +214,10 @@ def _pair(text: str | None, kind, flag: str, form: str):
         return kind(a), kind(b)
     except ValueError:
         raise SchedulerError(flag, f"expected {form}, got {text!r}") from None
+
+
+def _first_given(*values):
+    return next((v for v in values if v is not None), None)
 
 
 def _engine_slots(engine_argv: Sequence[str]) -> int | None:

@@ -113,3 +113,42 @@ def test_only_a_loopback_only_gcs_makes_the_driver_announce_127_0_0_1():
             s.close()
         for c in c1 + c2:
             c.close()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--autoscale", "0:2"], "--autoscale"), (["--autoscale", "3:2"], "--autoscale"),
+    (["--autoscale", "2"], "--autoscale"), (["--autoscale", "1:x"], "--autoscale"),
+    (["--autoscale", "1:2", "--autoscale-target", "0"], "--autoscale-target"),
+    (["--autoscale", "1:2", "--autoscale-delays", "5"], "--autoscale-delays"),
+])
+def test_bad_autoscale_flags_are_clear_errors(argv, flag):
+    r = _launch("--replicas", "1", *argv)
+    assert r.returncode == 2 and f"error: {flag}:" in r.stderr and "Traceback" not in r.stderr, r.stderr[-1000:]
+
+
+def test_replicas_outside_the_autoscale_range_is_a_clear_error():
+    r = _launch("--replicas", "3", "--autoscale", "1:2")
+    assert r.returncode == 2 and "error: --replicas:" in r.stderr and "1:2" in r.stderr
+
+
+def test_autoscale_becomes_serves_autoscaling_config():
+    """--autoscale MIN:MAX starting at --replicas, the target from the engine's slots unless given, the
+    delays; a scaled-down replica gets 30 s to finish its streams. Without it: a fixed num_replicas."""
+    import argparse
+
+    from sglang_replayssm.scheduler.serve_app import build_app, options_from_args
+
+    def engine_deployment(argv):
+        ns = argparse.Namespace(replicas=2, ray_address=None, host="127.0.0.1", port=8000, engine="native",
+                                engine_argv=argv)
+        return build_app(options_from_args(ns))._bound_deployment._replica_config.init_args[0]._bound_deployment
+
+    dep = engine_deployment(["--autoscale", "1:4", "--max-running-requests", "16", "--autoscale-delays", "2:30"])
+    cfg = dep._deployment_config.autoscaling_config
+    assert (cfg.min_replicas, cfg.max_replicas, cfg.initial_replicas, cfg.target_ongoing_requests) == (1, 4, 2, 16)
+    assert (cfg.upscale_delay_s, cfg.downscale_delay_s) == (2.0, 30.0)
+    assert dep._deployment_config.graceful_shutdown_timeout_s == 30
+    assert engine_deployment(["--autoscale", "2:3", "--autoscale-target", "5"])._deployment_config \
+        .autoscaling_config.target_ongoing_requests == 5
+    fixed = engine_deployment([])
+    assert fixed._deployment_config.autoscaling_config is None and fixed._deployment_config.num_replicas == 2
