@@ -28,6 +28,7 @@ from .multinode_cluster import MultiNodeCluster
 
 EXTRA = {"ignore_eos": True, "temperature": 0.0}
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+DEPLOY_PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus.yml"
 TIMINGS: dict = {}
 
 
@@ -131,16 +132,24 @@ def test_routing_and_prefix_affinity_across_nodes(mn):
 
 
 def test_prometheus_finds_every_replica_on_every_node_through_rays_service_discovery_file(mn, tmp_path):
-    """A real Prometheus whose only Ray scrape config is `file_sd_configs` on the session's
-    prom_metrics_service_discovery.json (no hand-listed targets) scrapes every node, and every replica's
-    own metrics arrive from the metrics port of the node it runs on."""
+    """A real Prometheus run with deploy/prometheus.yml as shipped (its `ray` job: `file_sd_configs` on the
+    discovery file Ray keeps in its temp folder, here RAY_TMPDIR's; its router job pointed at this router)
+    scrapes every node found in that file (no hand-listed Ray targets), and every replica's own metrics
+    arrive from the metrics port of the node it runs on."""
     assert Path(PROMETHEUS).exists(), "prometheus not installed: apt-get install -y prometheus"
     where = _wait_replicas(mn)
-    targets = json.loads(Path(mn.sd_file).read_text())[0]["targets"]
+    shipped = yaml.safe_load(DEPLOY_PROMETHEUS.read_text())
+    jobs = {j["job_name"]: j for j in shipped["scrape_configs"]}
+    (sd_path,) = jobs["ray"]["file_sd_configs"][0]["files"]
+    assert sd_path.startswith("/tmp/ray/") and "static_configs" not in jobs["ray"]
+    sd_file = str(Path(mn.tmp, "ray", sd_path[len("/tmp/ray/"):]))   # the same file under this cluster's temp folder
+    assert Path(sd_file).resolve() == Path(mn.sd_file).resolve(), (sd_file, mn.sd_file)
+    jobs["ray"]["file_sd_configs"][0] |= {"files": [sd_file], "refresh_interval": "1s"}
+    jobs["replayssm-router"]["static_configs"] = [{"targets": [mn.url.split("://", 1)[1]]}]
+    targets = json.loads(Path(sd_file).read_text())[0]["targets"]
     node_metrics = {n: v["metrics"] for n, v in mn.nodes.items()}
     assert set(node_metrics.values()) <= set(targets), (targets, node_metrics)
-    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-           "scrape_configs": [{"job_name": "ray", "file_sd_configs": [{"files": [mn.sd_file], "refresh_interval": "1s"}]}]}
+    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": list(jobs.values())}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     port = free_port()
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -177,7 +186,8 @@ def test_prometheus_finds_every_replica_on_every_node_through_rays_service_disco
     health = {t["labels"]["instance"]: t["health"] for t in active}
     for node, addr in node_metrics.items():
         assert health.get(addr) == "up", (node, health)
-    assert {t["discoveredLabels"]["__meta_filepath"] for t in active} == {mn.sd_file}
+    assert health.get(mn.url.split("://", 1)[1]) == "up", health
+    assert {t["discoveredLabels"].get("__meta_filepath") for t in active if t["labels"]["job"] == "ray"} == {sd_file}
     for replica, node in where.items():   # each replica's metrics come from its own node's metrics port
         assert found[replica] == node_metrics[node], (replica, node, found)
 
