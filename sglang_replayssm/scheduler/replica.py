@@ -107,8 +107,11 @@ class EngineReplica:
             except (httpx.HTTPError, ValueError, TypeError, KeyError):
                 load = {}
             break
-        if not load:  # engine without the load endpoint: fall back to what this replica sees
+        if not load:  # no answer (a busy or stopped engine, or none of the routes): what this replica sees,
+            # keeping the slot count last reported (the policy's target batch would jump to its default)
             load = {"running": self._inflight, "waiting": 0}
+            if "total_slots" in self._load:
+                load["total_slots"] = self._load["total_slots"]
         self._load = load
         for f in LOAD_FIELDS:
             v = load.get(f)

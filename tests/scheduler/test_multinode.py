@@ -29,6 +29,9 @@ from .multinode_cluster import MultiNodeCluster
 EXTRA = {"ignore_eos": True, "temperature": 0.0}
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DEPLOY_PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus.yml"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "replayssm-serving.json"
+PER_NODE_PANEL = next(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
+                      for t in p.get("targets", ()) if "by (instance)" in t["expr"])
 TIMINGS: dict = {}
 
 
@@ -131,13 +134,13 @@ def test_routing_and_prefix_affinity_across_nodes(mn):
         assert where[r["replica"]] == node and r["route"] == "prefix_hit", (node, r)
 
 
-def test_prometheus_finds_every_replica_on_every_node_through_rays_service_discovery_file(mn, tmp_path):
-    """A real Prometheus run with deploy/prometheus.yml as shipped (its `ray` job: `file_sd_configs` on the
-    discovery file Ray keeps in its temp folder, here RAY_TMPDIR's; its router job pointed at this router)
-    scrapes every node found in that file (no hand-listed Ray targets), and every replica's own metrics
-    arrive from the metrics port of the node it runs on."""
+@pytest.fixture(scope="module")
+def prom(mn, tmp_path_factory):
+    """A real Prometheus run with deploy/prometheus.yml as shipped: its `ray` job (`file_sd_configs` on the
+    discovery file Ray keeps in its temp folder) with the path under this cluster's temp folder (RAY_TMPDIR),
+    its router job pointed at this router; scraping every second. Yields its URL and the file's path."""
     assert Path(PROMETHEUS).exists(), "prometheus not installed: apt-get install -y prometheus"
-    where = _wait_replicas(mn)
+    tmp = tmp_path_factory.mktemp("prometheus")
     shipped = yaml.safe_load(DEPLOY_PROMETHEUS.read_text())
     jobs = {j["job_name"]: j for j in shipped["scrape_configs"]}
     (sd_path,) = jobs["ray"]["file_sd_configs"][0]["files"]
@@ -146,57 +149,80 @@ def test_prometheus_finds_every_replica_on_every_node_through_rays_service_disco
     assert Path(sd_file).resolve() == Path(mn.sd_file).resolve(), (sd_file, mn.sd_file)
     jobs["ray"]["file_sd_configs"][0] |= {"files": [sd_file], "refresh_interval": "1s"}
     jobs["replayssm-router"]["static_configs"] = [{"targets": [mn.url.split("://", 1)[1]]}]
-    targets = json.loads(Path(sd_file).read_text())[0]["targets"]
-    node_metrics = {n: v["metrics"] for n, v in mn.nodes.items()}
-    assert set(node_metrics.values()) <= set(targets), (targets, node_metrics)
     cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": list(jobs.values())}
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     port = free_port()
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
                              "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    query = "ray_replayssm_replica_generated_tokens_total"
     try:
-        async def main():
-            async with httpx.AsyncClient(base_url=mn.url, timeout=120) as c, \
-                    httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as p:
-                deadline = time.monotonic() + 90
-                i = 0
-                while True:
-                    # traffic on both replicas (more streams than one replica's 8 slots)
-                    await asyncio.gather(*(complete(c, f"prometheus multi-node {i + k} {uuid.uuid4().hex[:6]}", 16,
-                                                    stream=True, **EXTRA) for k in range(12)))
-                    i += 12
-                    try:
-                        r = (await p.get("/api/v1/query", params={"query": query})).json()
-                        seen = {(s["metric"].get("replica", ""), s["metric"]["instance"]) for s in r["data"]["result"]}
-                    except (httpx.HTTPError, KeyError, ValueError):
-                        seen = set()
-                    found = {rep: inst for rep in where for name, inst in seen if rep in name}
-                    if len(found) == len(where):
-                        t = (await p.get("/api/v1/targets")).json()["data"]["activeTargets"]
-                        return found, seen, t
-                    assert time.monotonic() < deadline, f"replicas without samples in Prometheus: {where} {seen}"
-                    await asyncio.sleep(1)
-
-        found, seen, active = _run(main())
+        yield {"url": f"http://127.0.0.1:{port}", "sd_file": sd_file}
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+
+
+async def _per_node(p) -> dict:
+    """The Grafana panel 'Engine replicas per Ray node': {node metrics address: engine replicas}."""
+    try:
+        r = (await p.get("/api/v1/query", params={"query": PER_NODE_PANEL})).json()
+        return {x["metric"]["instance"]: float(x["value"][1]) for x in r["data"]["result"]}
+    except (httpx.HTTPError, KeyError, ValueError):
+        return {}
+
+
+def test_prometheus_finds_every_replica_on_every_node_through_rays_service_discovery_file(mn, prom):
+    """Prometheus with deploy/prometheus.yml (fixture `prom`) scrapes the router and every node found in Ray's
+    service-discovery file (no hand-listed Ray targets); every replica's own metrics arrive from the
+    metrics port of the node it runs on, and the dashboard's per-node panel shows one replica per worker."""
+    where = _wait_replicas(mn)
+    targets = json.loads(Path(prom["sd_file"]).read_text())[0]["targets"]
+    node_metrics = {n: v["metrics"] for n, v in mn.nodes.items()}
+    assert set(node_metrics.values()) <= set(targets), (targets, node_metrics)
+    query = "ray_replayssm_replica_generated_tokens_total"
+
+    async def main():
+        async with httpx.AsyncClient(base_url=mn.url, timeout=120) as c, \
+                httpx.AsyncClient(base_url=prom["url"], timeout=10) as p:
+            deadline = time.monotonic() + 90
+            i = 0
+            while True:
+                # traffic on both replicas (more streams than one replica's 8 slots)
+                await asyncio.gather(*(complete(c, f"prometheus multi-node {i + k} {uuid.uuid4().hex[:6]}", 16,
+                                                stream=True, **EXTRA) for k in range(12)))
+                i += 12
+                try:
+                    r = (await p.get("/api/v1/query", params={"query": query})).json()
+                    seen = {(s["metric"].get("replica", ""), s["metric"]["instance"]) for s in r["data"]["result"]}
+                except (httpx.HTTPError, KeyError, ValueError):
+                    seen = set()
+                found = {rep: inst for rep in where for name, inst in seen if rep in name}
+                per_node = await _per_node(p)
+                t = (await p.get("/api/v1/targets")).json()["data"]["activeTargets"]
+                health = {x["labels"]["instance"]: x["health"] for x in t}
+                scraped = all(health.get(a) == "up" for a in [mn.url.split("://", 1)[1], *node_metrics.values()])
+                if len(found) == len(where) and len(per_node) == 2 and scraped:
+                    return found, t, per_node
+                assert time.monotonic() < deadline, f"replicas without samples in Prometheus: {where} {seen} {per_node}"
+                await asyncio.sleep(1)
+
+    found, active, per_node = _run(main())
     health = {t["labels"]["instance"]: t["health"] for t in active}
     for node, addr in node_metrics.items():
         assert health.get(addr) == "up", (node, health)
     assert health.get(mn.url.split("://", 1)[1]) == "up", health
-    assert {t["discoveredLabels"].get("__meta_filepath") for t in active if t["labels"]["job"] == "ray"} == {sd_file}
+    assert {t["discoveredLabels"].get("__meta_filepath") for t in active if t["labels"]["job"] == "ray"} == {prom["sd_file"]}
     for replica, node in where.items():   # each replica's metrics come from its own node's metrics port
         assert found[replica] == node_metrics[node], (replica, node, found)
+    assert per_node == {node_metrics["worker-1"]: 1.0, node_metrics["worker-2"]: 1.0}, per_node
 
 
-def test_a_lost_worker_node_loses_no_stream(mn):
+def test_a_lost_worker_node_loses_no_stream(mn, prom):
     """SIGKILL to one worker node's raylet (its replica, engine and agents go with it) while 4 streams run
     there: every stream ends with exactly one [DONE] and equals its undisturbed answer (resumed from the
     delivered token ids on the other node), the router counts the failover, and Serve starts the
-    replacement on the surviving node. Timings go to the fixture's closing line."""
+    replacement on the surviving node, where the dashboard's per-node panel then counts both replicas.
+    Timings go to the fixture's closing line."""
     where = _wait_replicas(mn)
     prompts = [f"node loss {i}: every token once {uuid.uuid4().hex[:8]}" for i in range(4)]
     max_tokens = 200
@@ -242,12 +268,19 @@ def test_a_lost_worker_node_loses_no_stream(mn):
                 await asyncio.sleep(0.5)
             replaced_at = time.monotonic() - t0
             after = metric_values(up_text, "replayssm_router_retries_total")
+            survivor_metrics = mn.nodes[({"worker-1", "worker-2"} - {victim}).pop()]["metrics"]
+            async with httpx.AsyncClient(base_url=prom["url"], timeout=10) as p:
+                while (panel := await _per_node(p)) != {survivor_metrics: 2.0}:
+                    await complete(c, f"panel traffic {uuid.uuid4().hex[:6]}", 4, **EXTRA)
+                    assert time.monotonic() - t0 < 240, f"per-node panel {panel}, survivor {survivor_metrics}"
+                    await asyncio.sleep(1)
+            panel_at = time.monotonic() - t0
             ref = await asyncio.gather(*(complete(c, p, max_tokens, **EXTRA) for p in prompts))
             return (streams, results, ref, victim, victim_replica, on_victim, now, before, after,
-                    done_at, replaced_at, marks)
+                    done_at, replaced_at, marks, panel_at)
 
     (streams, results, ref, victim, victim_replica, on_victim, now, before, after, done_at,
-     replaced_at, marks) = _run(main())
+     replaced_at, marks, panel_at) = _run(main())
     assert on_victim, "no stream ran on the lost node"
     survivor = ({"worker-1", "worker-2"} - {victim}).pop()
     for i, (s, (chunks, meta, done), r) in enumerate(zip(streams, results, ref)):
@@ -265,7 +298,8 @@ def test_a_lost_worker_node_loses_no_stream(mn):
     TIMINGS.update({"node_loss": {"victim": victim, "streams_on_victim": len(on_victim),
                                   "first_resume_s": marks.get("first_resume_s"),
                                   "streams_done_s": [round(t, 1) for t in done_at],
-                                  "replacement_up_s": round(replaced_at, 1)}})
+                                  "replacement_up_s": round(replaced_at, 1),
+                                  "per_node_panel_shows_it_s": round(panel_at, 1)}})
 
 
 async def _watch_retries(c, before, t0, marks):
