@@ -100,7 +100,7 @@ def test_only_a_loopback_only_gcs_makes_the_driver_announce_127_0_0_1():
     `ray start` nodes with the machine's IP) keeps Ray's own address resolution; a GCS on loopback only
     (nodes on 127.0.0.1) makes the driver announce 127.0.0.1 (loopback_join_ip). 127.0.0.2 stands in for
     the interface address, so nothing listens beyond loopback."""
-    from sglang_replayssm.scheduler.serve_app import loopback_join_ip
+    from sglang_replayssm.scheduler.ray_join import loopback_join_ip
 
     on_iface, c1 = _silent_listener("127.0.0.2")
     local, c2 = _silent_listener("127.0.0.1")
