@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,7 +128,7 @@ class MultiNodeCluster:
 
     def stop(self) -> list[int]:
         """SIGTERM the launcher (Serve shuts down), then the cluster (every node); PIDs still alive after
-        that are SIGKILLed and returned."""
+        that are SIGKILLed and returned. The temp folder goes too."""
         self.note_pids()
         for proc, grace in ((self.launcher, 60), (self.cluster, 60)):
             if proc is None or proc.poll() is not None:
@@ -147,6 +148,7 @@ class MultiNodeCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.tmp, ignore_errors=True)   # Ray's session folders, the logs
         return left
 
     def _alive(self) -> list[int]:
