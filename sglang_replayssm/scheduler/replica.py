@@ -21,6 +21,10 @@ Engine-agnostic: the replica starts `python -m sglang_replayssm.launch --engine 
 * `check_health`        fails when the engine process died or stops answering /health, so Serve
                         replaces the replica (and the engine with it).
 
+A replica whose node's raylet dies (a node lost while its machine runs on) is dead to Ray, but Ray
+2.60 leaves its worker process running: `watch_raylet` stops the engine and ends the process, so the
+engine's GPU memory and port are not held by an orphan.
+
 Replica-side metrics go through `ray.serve.metrics` (exported on Ray's metrics port).
 """
 
@@ -76,6 +80,8 @@ class EngineReplica:
         self._m_engine_up = serve_metrics.Gauge(
             "replayssm_replica_engine_up", description="1 while the engine process answers /health")
         self._m_engine_up.set(1)
+        watch_raylet(self.engine)
+
 
     # -- plumbing -------------------------------------------------------------------------
     def _http(self) -> httpx.AsyncClient:
@@ -101,8 +107,11 @@ class EngineReplica:
             except (httpx.HTTPError, ValueError, TypeError, KeyError):
                 load = {}
             break
-        if not load:  # engine without the load endpoint: fall back to what this replica sees
+        if not load:  # no answer (a busy or stopped engine, or none of the routes): what this replica sees,
+            # keeping the slot count last reported (the policy's target batch would jump to its default)
             load = {"running": self._inflight, "waiting": 0}
+            if "total_slots" in self._load:
+                load["total_slots"] = self._load["total_slots"]
         self._load = load
         for f in LOAD_FIELDS:
             v = load.get(f)
@@ -191,6 +200,37 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of a live process (None: gone, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def watch_raylet(engine: EngineProcess, period_s: float = 1.0) -> None:
+    """A daemon thread: once this node's raylet (RAY_RAYLET_PID, which Ray sets in its workers) is gone,
+    stop the engine and exit this worker process. Linux only (/proc); a no-op elsewhere."""
+    import threading
+
+    pid = os.environ.get("RAY_RAYLET_PID", "")
+    started = _start_time(int(pid)) if pid.isdigit() else None
+    if started is None:
+        return
+
+    def run():
+        while _start_time(int(pid)) == started:
+            time.sleep(period_s)
+        try:
+            engine.stop(timeout=5.0)
+        finally:
+            os._exit(1)
+
+    threading.Thread(target=run, name="raylet-watch", daemon=True).start()
 
 
 def sglang_load(report: dict[str, Any]) -> dict[str, Any]:

@@ -14,29 +14,22 @@ import argparse
 import dataclasses
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from typing import Any, Sequence
 
 from ..native.browser_guard import LOOPBACK_HOSTS
-from . import loopback as loopback_mod
 from .engine_process import ENGINES
+from .errors import SchedulerError
 from .policy import POLICIES, SPILLS, PolicyConfig
+from .ray_join import check_capacity, check_port_free, connect_ray
 
 APP_NAME = "replayssm"
 ENGINE_DEPLOYMENT = "ReplaySSMEngine"
 ROUTER_DEPLOYMENT = "ReplaySSMRouter"
 ROUTER_CLASS = "sglang_replayssm.scheduler.request_router:ReplaySSMRouter"
-
-
-class SchedulerError(RuntimeError):
-    """A bad scheduler flag or an unusable Ray cluster; `flag` names the flag to fix."""
-
-    def __init__(self, flag: str, message: str):
-        super().__init__(f"{flag}: {message}")
-        self.flag = flag
+HEAD_NODE_RESOURCE = "node:__internal_head__"   # the head node's resource (ray._common.constants.HEAD_NODE_RESOURCE_NAME)
 
 
 @dataclasses.dataclass
@@ -55,6 +48,11 @@ class SchedulerOptions:
     health_check_timeout_s: float = 30.0
     stats_period_s: float = 1.0
     startup_timeout_s: float = 900.0
+    ray_connect_timeout_s: float = 30.0
+    # --autoscale MIN:MAX: Serve's autoscaling_config (replicas from MIN to MAX, starting at `replicas`)
+    autoscale: tuple[int, int] | None = None
+    autoscale_target: int | None = None          # ongoing requests per replica (None: the engine's slots)
+    autoscale_delays: tuple[float, float] = (10.0, 60.0)   # seconds above / below target before scaling
     max_retries: int = 3
     log_dir: str | None = None
     ray_metrics_port: int | None = None
@@ -77,6 +75,19 @@ class SchedulerOptions:
             raise SchedulerError("--replica-num-gpus", f"must be >= 0, got {self.replica_num_gpus}")
         if self.replica_max_ongoing < 1:
             raise SchedulerError("--replica-max-ongoing", f"must be >= 1, got {self.replica_max_ongoing}")
+        if not 0 < self.ray_connect_timeout_s < float("inf"):
+            raise SchedulerError("--ray-connect-timeout", f"must be a number of seconds > 0, got {self.ray_connect_timeout_s}")
+        if self.autoscale is not None:
+            lo, hi = self.autoscale
+            if not 1 <= lo <= hi:
+                raise SchedulerError("--autoscale", f"MIN:MAX needs 1 <= MIN <= MAX, got {lo}:{hi}")
+            if not lo <= self.replicas <= hi:
+                raise SchedulerError("--replicas", f"the initial replica count {self.replicas} must lie in "
+                                     f"--autoscale {lo}:{hi}")
+            if self.autoscale_target is not None and self.autoscale_target < 1:
+                raise SchedulerError("--autoscale-target", f"must be >= 1, got {self.autoscale_target}")
+            if not all(0 <= d < float("inf") for d in self.autoscale_delays):
+                raise SchedulerError("--autoscale-delays", f"UP:DOWN must be seconds >= 0, got {self.autoscale_delays}")
         if self.max_retries < 0:
             raise SchedulerError("--max-retries", f"must be >= 0, got {self.max_retries}")
         from ..native.auth import check_key   # standard library only
@@ -127,6 +138,17 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
     g.add_argument("--health-check-period", type=float, default=2.0,
                    help="seconds between replica health checks (default 2)")
     g.add_argument("--replica-log-dir", default=None, help="write each engine's log here")
+    g.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                   help="let Serve scale the engine replicas between MIN and MAX on load (starting at --replicas); "
+                        "default: a fixed --replicas")
+    g.add_argument("--autoscale-target", type=int, default=None,
+                   help="with --autoscale: ongoing requests per replica Serve aims at (default: the engine's "
+                        "--max-running-requests when given, else --route-target-batch, else 32)")
+    g.add_argument("--autoscale-delays", default="10:60", metavar="UP:DOWN",
+                   help="with --autoscale: seconds the load must stay above / below the target before a replica "
+                        "is added / removed (default 10:60)")
+    g.add_argument("--ray-connect-timeout", type=float, default=30.0,
+                   help="seconds joining the --ray-address cluster may take before it is an error (default 30)")
     g.add_argument("--ray-metrics-port", type=int, default=None,
                    help="Ray metrics export port when this command starts the Ray cluster (default: Ray's choice)")
     return g
@@ -165,86 +187,51 @@ def options_from_args(args: Any) -> SchedulerOptions:
         replica_num_gpus=float(gpus), replica_max_ongoing=int(pick("replica_max_ongoing", 256)),
         max_retries=int(pick("max_retries", 3)), health_check_period_s=float(pick("health_check_period", 2.0)),
         log_dir=pick("replica_log_dir"), ray_metrics_port=pick("ray_metrics_port"), policy=pol,
+        ray_connect_timeout_s=float(pick("ray_connect_timeout", 30.0)),
+        autoscale=_pair(pick("autoscale"), int, "--autoscale", "MIN:MAX"),
+        autoscale_target=_first_given(pick("autoscale_target"), _engine_slots(engine_argv), pol.target_batch),
+        autoscale_delays=_pair(pick("autoscale_delays", "10:60"), float, "--autoscale-delays", "UP:DOWN"),
         api_key=key_ns.api_key if getattr(args, "api_key", None) is None else args.api_key,
     ).validate()
 
 
-# -- Ray connection ------------------------------------------------------------------------------
-def check_port_free(host: str, port: int) -> None:
-    """SchedulerError naming --port (or --host) when the router could not listen on host:port."""
-    import errno
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise SchedulerError("--port", f"{host}:{port} is already in use") from None
-            raise SchedulerError("--host", f"cannot listen on {host}:{port} ({e.strerror or e})") from None
-
-
-def _tcp_reachable(host: str, port: int, timeout: float = 3.0) -> str | None:
+def _pair(text: str | None, kind, flag: str, form: str):
+    """'A:B' as (kind(A), kind(B)); None stays None; SchedulerError naming the flag otherwise."""
+    if text is None:
+        return None
+    a, sep, b = str(text).partition(":")
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except OSError as e:
-        return str(e) or type(e).__name__
+        if not sep:
+            raise ValueError
+        return kind(a), kind(b)
+    except ValueError:
+        raise SchedulerError(flag, f"expected {form}, got {text!r}") from None
 
 
-def _split_host_port(addr: str, flag: str):
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise SchedulerError(flag, f"expected auto, HOST:PORT or ray://HOST:PORT, got {addr!r}")
-    return host.strip("[]"), int(port)
+def _first_given(*values):
+    return next((v for v in values if v is not None), None)
 
 
-def connect_ray(opts: SchedulerOptions):
-    """Join the cluster named by --ray-address, or start a local one; clear errors otherwise."""
-    addr = opts.ray_address
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    loopback = opts.host in LOOPBACK_HOSTS
-    if addr in (None, "", "local") and loopback:
-        loopback_mod.enable()
-    import ray
-
-    if ray.is_initialized():
-        return
-    if addr in (None, "", "local"):
-        kw: dict[str, Any] = dict(address="local", include_dashboard=False, log_to_driver=False)
-        if loopback:
-            kw["_node_ip_address"] = "127.0.0.1"
-            kw["runtime_env"] = {"worker_process_setup_hook": loopback_mod.HOOK}
-        if opts.ray_metrics_port:
-            kw["_metrics_export_port"] = int(opts.ray_metrics_port)
-        ray.init(**kw)
-        return
-    if addr != "auto":
-        target = addr[len("ray://"):] if addr.startswith("ray://") else addr
-        host, port = _split_host_port(target, "--ray-address")
-        why = _tcp_reachable(host, port)
-        if why is not None:
-            raise SchedulerError("--ray-address", f"cannot reach the Ray cluster at {addr} ({why}); "
-                                 "start it with `ray start --head` or fix the address")
+def _engine_slots(engine_argv: Sequence[str]) -> int | None:
+    """The engine's --max-running-requests (its pool slots) when the engine arguments give it."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--max-running-requests", type=int, default=None)
     try:
-        ray.init(address=addr, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-        raise SchedulerError("--ray-address", f"cannot connect to the Ray cluster at {addr!r}: "
-                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        return p.parse_known_args(list(engine_argv))[0].max_running_requests
+    except SystemExit:
+        return None
 
 
-def check_capacity(opts: SchedulerOptions) -> None:
-    import ray
+def autoscaling_config(opts: SchedulerOptions) -> dict[str, Any] | None:
+    """Serve's autoscaling_config for --autoscale, or None (a fixed --replicas)."""
+    if opts.autoscale is None:
+        return None
+    from .policy import DEFAULT_TARGET_BATCH
 
-    res = ray.cluster_resources()
-    for key, per, flag in (("GPU", opts.replica_num_gpus, "--replica-num-gpus"),
-                           ("CPU", opts.replica_num_cpus, "--replica-num-cpus")):
-        need = per * opts.replicas
-        have = float(res.get(key, 0.0))
-        if need > have:
-            raise SchedulerError("--replicas", f"{opts.replicas} replicas x {per:g} {key} ({flag}) need {need:g} "
-                                 f"{key}, the Ray cluster has {have:g}")
+    up, down = opts.autoscale_delays
+    return {"min_replicas": opts.autoscale[0], "max_replicas": opts.autoscale[1], "initial_replicas": opts.replicas,
+            "target_ongoing_requests": opts.autoscale_target or DEFAULT_TARGET_BATCH,
+            "upscale_delay_s": up, "downscale_delay_s": down, "metrics_interval_s": 1.0, "look_back_period_s": 5.0}
 
 
 # -- the application -----------------------------------------------------------------------------
@@ -265,13 +252,16 @@ def build_app(opts: SchedulerOptions):
         from .auth import KeyedEngineReplica
 
         replica_cls = KeyedEngineReplica
+    autoscale = autoscaling_config(opts)
+    scale = {"num_replicas": opts.replicas} if autoscale is None else {"autoscaling_config": autoscale}
     engine = serve.deployment(replica_cls).options(
         name=ENGINE_DEPLOYMENT,
-        num_replicas=opts.replicas,
+        **scale,
         max_ongoing_requests=opts.replica_max_ongoing,
         health_check_period_s=opts.health_check_period_s,
         health_check_timeout_s=opts.health_check_timeout_s,
-        graceful_shutdown_timeout_s=5,
+        # a replica scaled down gets this long to finish its streams (the router resumes what is left)
+        graceful_shutdown_timeout_s=5 if autoscale is None else 30,
         ray_actor_options={"num_cpus": opts.replica_num_cpus, "num_gpus": opts.replica_num_gpus},
         request_router_config=RequestRouterConfig(
             request_router_class=opts.request_router_class,
@@ -280,9 +270,11 @@ def build_app(opts: SchedulerOptions):
             request_routing_stats_timeout_s=10.0,
         ),
     ).bind(opts.engine, engine_argv, opts.startup_timeout_s, opts.log_dir)
+    # The router runs on the head node, beside Serve's controller and its HTTP proxy (HeadOnly): losing a
+    # worker node then loses engine replicas only, whose requests the router resumes elsewhere.
     router = serve.deployment(RouterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=opts.router_max_ongoing,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}},
     ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries, opts.api_key,
             opts.host in LOOPBACK_HOSTS)
     return router
@@ -380,7 +372,8 @@ def launch_replicas(args: Any) -> int:
         return 2
 
     url = start(opts)
-    print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s) behind the router at {url} "
+    scaling = "" if opts.autoscale is None else f" (autoscaling {opts.autoscale[0]}..{opts.autoscale[1]})"
+    print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s){scaling} behind the router at {url} "
           f"(OpenAI API under /v1, metrics at /metrics)", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

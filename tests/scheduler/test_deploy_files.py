@@ -83,3 +83,25 @@ def test_rayservice_dashboard_is_reachable_only_by_the_operator():
             assert peer == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sglang-replayssm"}}}
             for g in docs["RayService"]["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
                 assert g["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "sglang-replayssm"
+
+
+def test_rayservice_head_takes_the_router_and_no_engine_replica(monkeypatch):
+    """As docs/scheduler.md's multi-node section has it: the router deployment asks for the head node's
+    resource (it runs beside Serve's proxy, and a lost worker node loses engine replicas only), and the
+    engine replicas need a GPU, which the KubeRay head does not offer (rayStartParams num-gpus "0") while
+    every worker group does."""
+    from sglang_replayssm.scheduler.serve_app import HEAD_NODE_RESOURCE, app_builder
+
+    svc = _kuberay()["RayService"]
+    (app,) = yaml.safe_load(svc["spec"]["serveConfigV2"])["applications"]
+    monkeypatch.setenv(app["args"]["api_key_env"], "k8s-secret-key")
+    router = app_builder(app["args"])._bound_deployment
+    engine = router._replica_config.init_args[0]._bound_deployment
+    assert router._replica_config.ray_actor_options["resources"] == {HEAD_NODE_RESOURCE: 0.001}
+    assert engine._replica_config.ray_actor_options["num_gpus"] >= 1
+    assert "resources" not in engine._replica_config.ray_actor_options   # placed by Serve's SPREAD, anywhere
+    cluster = svc["spec"]["rayClusterConfig"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    for g in cluster["workerGroupSpecs"]:
+        (c,) = g["template"]["spec"]["containers"]
+        assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1 and g["rayStartParams"].get("num-gpus") != "0"

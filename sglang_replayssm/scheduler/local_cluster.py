@@ -1,0 +1,130 @@
+"""A multi-node Ray cluster on one machine, every node on 127.0.0.1: try multi-node serving (and test it).
+
+    python -m sglang_replayssm.scheduler.local_cluster --port 6379 --workers 2
+
+starts a head node (no CPUs: the engine replicas, which reserve CPUs, go to the workers; Serve's
+controller, its HTTP proxy and our router need none) and N worker nodes, each with `--worker-cpus`
+CPUs and a custom resource naming it (`worker-1`, `worker-2`, ...), as separate raylets with their own
+processes, object stores and metrics ports. It prints one line per node (name, raylet PID, metrics
+address) and the path of the cluster's Prometheus service-discovery file, then waits; Ctrl-C (or
+SIGTERM) stops every node it started. Ray's dashboard writes that file (`prom_metrics_service_discovery.json`
+in the session folder: every live node's metrics address, for Prometheus' `file_sd_configs`); without
+the dashboard (the default here) this process runs Ray's writer of it,
+`ray._private.metrics_agent.PrometheusServiceDiscoveryWriter`, itself. Join it with `python -m sglang_replayssm.launch --replicas N
+--ray-address 127.0.0.1:PORT`. Killing one worker's raylet (its PID is printed) is a node loss.
+
+Ray's `ray start` cannot do this on 127.0.0.1 alone: it either maps 127.0.0.1 to the machine's interface
+address or, in its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which keeps everything on
+loopback), refuses worker nodes. This uses Ray's own multi-node test harness, `ray.cluster_utils.Cluster`,
+in single-machine mode. On real machines use `ray start` (docs/scheduler.md, "Multi-node").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+
+from . import loopback
+
+HOST = "127.0.0.1"
+# One machine: a dead raylet refuses the GCS' health check at once, so 5 missed checks 1 s apart (Ray's
+# default: 3 s apart) declare a node dead; metrics are reported every 2 s (Ray's default: 10 s).
+SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5,
+                 "metrics_report_interval_ms": 2000}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sglang_replayssm.scheduler.local_cluster",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, default=6379, help="the head's GCS port, the --ray-address to join (default 6379)")
+    p.add_argument("--workers", type=int, default=2, help="worker nodes (default 2)")
+    p.add_argument("--worker-cpus", type=float, default=2, help="CPUs each worker node offers to replicas (default 2)")
+    p.add_argument("--dashboard-port", type=int, default=0,
+                   help="serve Ray's dashboard on 127.0.0.1:PORT (default 0: no dashboard, ~0.9 GB less memory)")
+    p.add_argument("--temp-dir", default=None, help="Ray's temp folder (default: Ray's, /tmp/ray)")
+    return p
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+            return True
+        except OSError:
+            return False
+
+
+def check_args(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    if not 1024 <= ns.port <= 65535:
+        p.error(f"--port: must be in 1024..65535, got {ns.port}")
+    if not _free(ns.port):
+        p.error(f"--port: {HOST}:{ns.port} is already in use")
+    if ns.dashboard_port and (not 1024 <= ns.dashboard_port <= 65535 or not _free(ns.dashboard_port)):
+        p.error(f"--dashboard-port: {HOST}:{ns.dashboard_port} is in use or not a port (0 turns the dashboard off)")
+    if ns.workers < 1:
+        p.error(f"--workers: must be >= 1, got {ns.workers}")
+    if not ns.worker_cpus >= 0:
+        p.error(f"--worker-cpus: must be >= 0, got {ns.worker_cpus}")
+
+
+def start(ns: argparse.Namespace):
+    """The running Cluster and its nodes' descriptions (name, raylet pid, metrics address, resources)."""
+    loopback.enable()   # before ray is imported: every node keeps 127.0.0.1
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from ray.cluster_utils import Cluster
+
+    head_args = {"node_ip_address": HOST, "gcs_server_port": ns.port, "num_cpus": 0,
+                 "include_dashboard": bool(ns.dashboard_port), "_system_config": SYSTEM_CONFIG}
+    if ns.dashboard_port:
+        head_args |= {"dashboard_host": HOST, "dashboard_port": ns.dashboard_port}
+    if ns.temp_dir:
+        os.makedirs(ns.temp_dir, exist_ok=True)
+        head_args["temp_dir"] = ns.temp_dir
+    cluster = Cluster(initialize_head=True, head_node_args=head_args)
+    nodes = [("head", cluster.head_node, {"CPU": 0})]
+    for i in range(1, ns.workers + 1):
+        name = f"worker-{i}"
+        res = {name: 1}
+        nodes.append((name, cluster.add_node(node_ip_address=HOST, num_cpus=ns.worker_cpus, resources=res),
+                      {"CPU": ns.worker_cpus, **res}))
+    info = [{"name": name, "raylet_pid": node.all_processes["raylet"][0].process.pid,
+             "metrics": f"{HOST}:{node.metrics_export_port}", "resources": res} for name, node, res in nodes]
+    return cluster, info
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    ns = p.parse_args(argv)
+    check_args(ns, p)
+    cluster, info = start(ns)
+    session = cluster.head_node.get_session_dir_path()
+    print(f"sglang-replayssm local cluster: {len(info)} Ray nodes on {HOST}, GCS at {HOST}:{ns.port} "
+          f"(join with --ray-address {HOST}:{ns.port}); Ctrl-C stops it", flush=True)
+    for n in info:
+        print(f"  node {n['name']}: raylet pid {n['raylet_pid']}, metrics {n['metrics']}, "
+              f"resources {json.dumps(n['resources'])}", flush=True)
+    if ns.dashboard_port:
+        print(f"  dashboard: http://{HOST}:{ns.dashboard_port}", flush=True)
+    else:   # the dashboard's module that writes the service-discovery file does not run: run it here
+        from ray._private.metrics_agent import PrometheusServiceDiscoveryWriter
+
+        writer = PrometheusServiceDiscoveryWriter(cluster.address, cluster.head_node.get_temp_dir_path(), session)
+        writer.daemon = True
+        writer.start()
+    print(f"  Prometheus file_sd: {os.path.join(session, 'prom_metrics_service_discovery.json')}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    cluster.shutdown()
+    print("sglang-replayssm local cluster: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""Multi-node serving for real (issue 33): a Ray cluster of a head and two worker nodes on 127.0.0.1 and
+the launcher joining it with `--replicas 2 --ray-address 127.0.0.1:PORT`, both started with the quick
+start's commands of docs/scheduler.md, verbatim (multinode_cluster.py). In file order, on that one
+cluster: the join and the spread placement, routing and prefix affinity across the nodes, a real
+Prometheus finding every replica on every node through Ray's service-discovery file, and last one
+worker node lost (its raylet SIGKILLed) under streams.
+"""
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from sglang_replayssm.scheduler.engine_process import free_port
+
+from .client import Stream, chunk_text, complete, metric_values
+from .multinode_cluster import MultiNodeCluster
+
+EXTRA = {"ignore_eos": True, "temperature": 0.0}
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+DEPLOY_PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus.yml"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "replayssm-serving.json"
+PER_NODE_PANEL = next(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
+                      for t in p.get("targets", ()) if "by (instance)" in t["expr"])
+TIMINGS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def mn():
+    c = MultiNodeCluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        left = c.stop()
+        print(f"\nmulti-node timings: {json.dumps({**c.timings, **TIMINGS})}")
+        assert not left, f"processes of the multi-node cluster left after shutdown: {left}"
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _sockets(kind):
+    """(local, peer, pid) of TCP sockets: kind 'l' = listening, 't' = established (ss)."""
+    out = subprocess.run(["ss", f"-{kind}np", "-H"], capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        for pid in (int(x) for x in re.findall(r"pid=(\d+)", line)):
+            rows.append((parts[3], parts[4], pid))
+    return rows
+
+
+def _host(addr):
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    return host[len("::ffff:"):] if host.startswith("::ffff:") else host
+
+
+def _wait_replicas(mn, n=2, timeout=60.0, avoid=None):
+    """{replica: node} once `n` engines run (none on `avoid`) and the router reports each one up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        where = mn.replicas()
+        try:
+            up = {k[len('{replica="'):-2] for k, v in metric_values(httpx.get(mn.url + "/metrics", timeout=10).text,
+                                                                    "replayssm_router_replica_up").items() if v == 1}
+        except httpx.HTTPError:
+            up = set()
+        if len(where) == n and set(where) <= up and avoid not in where.values():
+            return where
+        assert time.monotonic() < deadline, f"replicas {where}, up at the router {up}"
+        time.sleep(0.5)
+
+
+def test_the_launcher_joins_the_loopback_cluster_and_spreads_the_replicas(mn):
+    """`--ray-address 127.0.0.1:PORT` of a cluster listening on loopback only joins (issue 33 item 4); the
+    two engine replicas run on different worker nodes (Serve's SPREAD placement; the head has no CPU for
+    them), the router on the head; everything listens on and talks over 127.0.0.1."""
+    where = _wait_replicas(mn)
+    assert sorted(where.values()) == ["worker-1", "worker-2"], where
+    assert mn.actor_node("ray::ServeReplica:replayssm:ReplaySSMRouter") == ["head"]
+    assert sorted(mn.actor_node("ray::ServeReplica:replayssm:ReplaySSMEngine")) == ["worker-1", "worker-2"]
+    ours = set(mn.note_pids())
+    listening = [(l, pid) for l, _, pid in _sockets("tl") if pid in ours]
+    established = [(l, p, pid) for l, p, pid in _sockets("t") if pid in ours]
+    assert listening and established
+    assert {_host(l) for l, _ in listening} == {"127.0.0.1"}, listening
+    assert {_host(a) for l, p, _ in established for a in (l, p)} == {"127.0.0.1"}, established
+    TIMINGS["replicas"] = where
+
+
+def test_routing_and_prefix_affinity_across_nodes(mn):
+    """More requests than one replica's 8 slots reach both nodes (packing fills one replica, then
+    spills); a prompt extending one served on either node follows its prefix there (prefix_hit). The
+    engines are stopped (SIGSTOP) while the requests are placed, so none finishes before the next
+    arrives, whatever the machine's speed."""
+    where = _wait_replicas(mn)
+    base = [f"multi-node routing {i} {uuid.uuid4().hex[:8]}: a shared prefix long enough for affinity"
+            for i in range(10)]
+    groups = [g for r in where for g in mn.engine_groups(r)]
+
+    async def main():
+        async with httpx.AsyncClient(base_url=mn.url, timeout=300) as c:
+            _signal_groups(groups, signal.SIGSTOP)
+            try:
+                tasks = []
+                for p in base:   # one at a time: each placement sees the ones before it in flight
+                    tasks.append(asyncio.create_task(complete(c, p, 16, stream=True, **EXTRA)))
+                    await asyncio.sleep(0.25)
+            finally:
+                _signal_groups(groups, signal.SIGCONT)
+            first = await asyncio.gather(*tasks)
+            by_node = {}
+            for p, r in zip(base, first):
+                by_node.setdefault(where[r["replica"]], p)
+            follow = {node: await complete(c, p + " and then some more text", 8, **EXTRA) for node, p in by_node.items()}
+            return first, by_node, follow
+
+    first, by_node, follow = _run(main())
+    assert all(r["done"] and r["tokens"] == 16 and r["retries"] == 0 for r in first)
+    assert set(by_node) == {"worker-1", "worker-2"}, [(r["replica"], r["route"]) for r in first]
+    for node, r in follow.items():
+        assert where[r["replica"]] == node and r["route"] == "prefix_hit", (node, r)
+
+
+@pytest.fixture(scope="module")
+def prom(mn, tmp_path_factory):
+    """A real Prometheus run with deploy/prometheus.yml as shipped: its `ray` job (`file_sd_configs` on the
+    discovery file Ray keeps in its temp folder) with the path under this cluster's temp folder (RAY_TMPDIR),
+    its router job pointed at this router; scraping every second. Yields its URL and the file's path."""
+    assert Path(PROMETHEUS).exists(), "prometheus not installed: apt-get install -y prometheus"
+    tmp = tmp_path_factory.mktemp("prometheus")
+    shipped = yaml.safe_load(DEPLOY_PROMETHEUS.read_text())
+    jobs = {j["job_name"]: j for j in shipped["scrape_configs"]}
+    (sd_path,) = jobs["ray"]["file_sd_configs"][0]["files"]
+    assert sd_path.startswith("/tmp/ray/") and "static_configs" not in jobs["ray"]
+    sd_file = str(Path(mn.tmp, "ray", sd_path[len("/tmp/ray/"):]))   # the same file under this cluster's temp folder
+    assert Path(sd_file).resolve() == Path(mn.sd_file).resolve(), (sd_file, mn.sd_file)
+    jobs["ray"]["file_sd_configs"][0] |= {"files": [sd_file], "refresh_interval": "1s"}
+    jobs["replayssm-router"]["static_configs"] = [{"targets": [mn.url.split("://", 1)[1]]}]
+    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": list(jobs.values())}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "sd_file": sd_file}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+async def _per_node(p) -> dict:
+    """The Grafana panel 'Engine replicas per Ray node': {node metrics address: engine replicas}."""
+    try:
+        r = (await p.get("/api/v1/query", params={"query": PER_NODE_PANEL})).json()
+        return {x["metric"]["instance"]: float(x["value"][1]) for x in r["data"]["result"]}
+    except (httpx.HTTPError, KeyError, ValueError):
+        return {}
+
+
+def test_prometheus_finds_every_replica_on_every_node_through_rays_service_discovery_file(mn, prom):
+    """Prometheus with deploy/prometheus.yml (fixture `prom`) scrapes the router and every node found in Ray's
+    service-discovery file (no hand-listed Ray targets); every replica's own metrics arrive from the
+    metrics port of the node it runs on, and the dashboard's per-node panel shows one replica per worker."""
+    where = _wait_replicas(mn)
+    targets = json.loads(Path(prom["sd_file"]).read_text())[0]["targets"]
+    node_metrics = {n: v["metrics"] for n, v in mn.nodes.items()}
+    assert set(node_metrics.values()) <= set(targets), (targets, node_metrics)
+    query = "ray_replayssm_replica_generated_tokens_total"
+
+    async def main():
+        async with httpx.AsyncClient(base_url=mn.url, timeout=120) as c, \
+                httpx.AsyncClient(base_url=prom["url"], timeout=10) as p:
+            deadline = time.monotonic() + 90
+            i = 0
+            while True:
+                # traffic on both replicas (more streams than one replica's 8 slots)
+                await asyncio.gather(*(complete(c, f"prometheus multi-node {i + k} {uuid.uuid4().hex[:6]}", 16,
+                                                stream=True, **EXTRA) for k in range(12)))
+                i += 12
+                try:
+                    r = (await p.get("/api/v1/query", params={"query": query})).json()
+                    seen = {(s["metric"].get("replica", ""), s["metric"]["instance"]) for s in r["data"]["result"]}
+                except (httpx.HTTPError, KeyError, ValueError):
+                    seen = set()
+                found = {rep: inst for rep in where for name, inst in seen if rep in name}
+                per_node = await _per_node(p)
+                t = (await p.get("/api/v1/targets")).json()["data"]["activeTargets"]
+                health = {x["labels"]["instance"]: x["health"] for x in t}
+                scraped = all(health.get(a) == "up" for a in [mn.url.split("://", 1)[1], *node_metrics.values()])
+                if len(found) == len(where) and len(per_node) == 2 and scraped:
+                    return found, t, per_node
+                assert time.monotonic() < deadline, f"replicas without samples in Prometheus: {where} {seen} {per_node}"
+                await asyncio.sleep(1)
+
+    found, active, per_node = _run(main())
+    health = {t["labels"]["instance"]: t["health"] for t in active}
+    for node, addr in node_metrics.items():
+        assert health.get(addr) == "up", (node, health)
+    assert health.get(mn.url.split("://", 1)[1]) == "up", health
+    assert {t["discoveredLabels"].get("__meta_filepath") for t in active if t["labels"]["job"] == "ray"} == {prom["sd_file"]}
+    for replica, node in where.items():   # each replica's metrics come from its own node's metrics port
+        assert found[replica] == node_metrics[node], (replica, node, found)
+    assert per_node == {node_metrics["worker-1"]: 1.0, node_metrics["worker-2"]: 1.0}, per_node
+
+
+def test_a_lost_worker_node_loses_no_stream(mn, prom):
+    """SIGKILL to one worker node's raylet (its replica, engine and agents go with it) while 4 streams run
+    there: every stream ends with exactly one [DONE] and equals its undisturbed answer (resumed from the
+    delivered token ids on the other node), the router counts the failover, and Serve starts the
+    replacement on the surviving node, where the dashboard's per-node panel then counts both replicas.
+    Timings go to the fixture's closing line."""
+    where = _wait_replicas(mn)
+    prompts = [f"node loss {i}: every token once {uuid.uuid4().hex[:8]}" for i in range(4)]
+    max_tokens = 200
+
+    async def main():
+        async with httpx.AsyncClient(base_url=mn.url, timeout=300) as c:
+            before = metric_values((await c.get("/metrics")).text, "replayssm_router_retries_total")
+            groups = {r: mn.engine_groups(r) for r in where}
+            stop = lambda sig, rs: [_signal_groups(groups[r], sig) for r in rs]   # noqa: E731
+            stop(signal.SIGSTOP, where)   # so that every stream is still running when the node goes
+            try:
+                streams = [Stream(c, {"prompt": p, "max_tokens": max_tokens, **EXTRA}) for p in prompts]
+                while not all(s.started.is_set() for s in streams):   # let the engines run in 10 ms slices
+                    stop(signal.SIGCONT, where)
+                    await asyncio.sleep(0.01)
+                    stop(signal.SIGSTOP, where)
+                    await asyncio.wait([asyncio.create_task(s.started.wait()) for s in streams], timeout=0.3)
+                victim_replica = streams[0].replica
+                victim = where[victim_replica]
+                on_victim = [s for s in streams if s.replica == victim_replica]
+                stop(signal.SIGCONT, [r for r in where if r != victim_replica])
+                raylet = mn.nodes[victim]["raylet_pid"]
+                mn.note_pids()
+                t0 = time.monotonic()
+                os.kill(raylet, signal.SIGKILL)
+            finally:
+                stop(signal.SIGCONT, where)   # the victim's engine guard then ends it
+            marks = {}
+            watcher = asyncio.create_task(_watch_retries(c, before, t0, marks))
+            results, done_at = [], []
+            for s in streams:
+                results.append(await s.task)
+                done_at.append(time.monotonic() - t0)
+            watcher.cancel()
+            while True:   # the replacement: two replicas up again, none on the lost node
+                now = mn.replicas()
+                up_text = (await c.get("/metrics")).text
+                up = {k[len('{replica="'):-2] for k, v in metric_values(up_text, "replayssm_router_replica_up").items()
+                      if v == 1}
+                if len(now) == 2 and victim not in now.values() and set(now) <= up:
+                    break
+                assert time.monotonic() - t0 < 180, f"no replacement on the surviving node: {now} up {up}"
+                await asyncio.sleep(0.5)
+            replaced_at = time.monotonic() - t0
+            after = metric_values(up_text, "replayssm_router_retries_total")
+            survivor_metrics = mn.nodes[({"worker-1", "worker-2"} - {victim}).pop()]["metrics"]
+            async with httpx.AsyncClient(base_url=prom["url"], timeout=10) as p:
+                while (panel := await _per_node(p)) != {survivor_metrics: 2.0}:
+                    await complete(c, f"panel traffic {uuid.uuid4().hex[:6]}", 4, **EXTRA)
+                    assert time.monotonic() - t0 < 240, f"per-node panel {panel}, survivor {survivor_metrics}"
+                    await asyncio.sleep(1)
+            panel_at = time.monotonic() - t0
+            ref = await asyncio.gather(*(complete(c, p, max_tokens, **EXTRA) for p in prompts))
+            return (streams, results, ref, victim, victim_replica, on_victim, now, before, after,
+                    done_at, replaced_at, marks, panel_at)
+
+    (streams, results, ref, victim, victim_replica, on_victim, now, before, after, done_at,
+     replaced_at, marks, panel_at) = _run(main())
+    assert on_victim, "no stream ran on the lost node"
+    survivor = ({"worker-1", "worker-2"} - {victim}).pop()
+    for i, (s, (chunks, meta, done), r) in enumerate(zip(streams, results, ref)):
+        text = "".join(chunk_text(ch) for ch in chunks)
+        assert done, (i, meta)   # parse_sse asserts there is at most one [DONE]
+        assert sum(1 for ch in chunks if chunk_text(ch)) == max_tokens, (i, meta)
+        assert text == r["text"], f"stream {i}: the resumed answer differs from the undisturbed one"
+        assert len({ch["id"] for ch in chunks}) == 1
+        if s in on_victim:
+            assert meta["retries"] >= 1 and meta["replicas"][0] == victim_replica, meta
+            assert where.get(meta["replicas"][-1], now.get(meta["replicas"][-1])) == survivor, meta
+    assert set(now.values()) == {survivor} and victim_replica not in now
+    resumed = after.get('{kind="stream_resume"}', 0) - before.get('{kind="stream_resume"}', 0)
+    assert resumed >= len(on_victim), (before, after)
+    TIMINGS.update({"node_loss": {"victim": victim, "streams_on_victim": len(on_victim),
+                                  "first_resume_s": marks.get("first_resume_s"),
+                                  "streams_done_s": [round(t, 1) for t in done_at],
+                                  "replacement_up_s": round(replaced_at, 1),
+                                  "per_node_panel_shows_it_s": round(panel_at, 1)}})
+
+
+async def _watch_retries(c, before, t0, marks):
+    """marks["first_resume_s"]: seconds from t0 to the router's first retry (polled every 0.2 s)."""
+    while True:
+        try:
+            now = metric_values((await c.get("/metrics")).text, "replayssm_router_retries_total")
+        except httpx.HTTPError:
+            now = before
+        if now != before:
+            marks["first_resume_s"] = round(time.monotonic() - t0, 1)
+            return
+        await asyncio.sleep(0.2)
+
+
+def _signal_groups(groups, sig):
+    for g in groups:
+        try:
+            os.killpg(g, sig)
+        except ProcessLookupError:
+            pass
+
+
+AUTOSCALE_TEST = os.environ.get("REPLAYSSM_AUTOSCALE_TEST") == "1"
+
+
+@pytest.mark.skipif(not AUTOSCALE_TEST, reason="about 90 s more on the critical path of CI (the launcher started "
+                    "again, a replica started and stopped): run with REPLAYSSM_AUTOSCALE_TEST=1")
+def test_autoscale_adds_a_replica_under_a_load_step_and_drains_it_when_idle(mn):
+    """After the node loss, on the surviving worker: the launcher again with `--replicas 1 --autoscale 1:2
+    --autoscale-target 2 --autoscale-delays 1:5`. A load step of 6 concurrent streams makes Serve add the
+    second replica; back to one stream at a time, it removes one while that stream runs. Every request of
+    both phases completes: one [DONE], exactly max_tokens tokens."""
+    TIMINGS["autoscale_relaunch_s"] = round(mn.relaunch(
+        {"--replicas": "1"}, ["--autoscale", "1:2", "--autoscale-target", "2", "--autoscale-delays", "1:5"]), 1)
+    _wait_replicas(mn, n=1)
+    max_tokens = 120
+
+    async def one(c, i):
+        return await complete(c, f"autoscale {i} {uuid.uuid4().hex[:8]}", max_tokens, stream=True, **EXTRA)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=mn.url, timeout=300) as c:
+            results, t0 = [], time.monotonic()
+            running = {asyncio.create_task(one(c, k)) for k in range(6)}
+            i = 6
+            while True:   # the load step: 6 streams at all times until a second replica serves
+                done, running = await asyncio.wait(running, timeout=0.5)
+                results += [d.result() for d in done]
+                for _ in done:
+                    running.add(asyncio.create_task(one(c, i)))
+                    i += 1
+                if len(mn.replicas()) == 2 and len(_up(mn)) == 2:
+                    up_s = time.monotonic() - t0
+                    break
+                assert time.monotonic() - t0 < 120, f"no second replica after 120 s: {mn.replicas()}"
+            results += await asyncio.gather(*running)
+            t1 = time.monotonic()
+            while True:   # one stream at a time: Serve removes a replica while it may run
+                results.append(await one(c, i))
+                i += 1
+                if len(mn.replicas()) == 1:
+                    down_s = time.monotonic() - t1
+                    break
+                assert time.monotonic() - t1 < 120, f"still {mn.replicas()} after 120 s below the target"
+            results.append(await one(c, i))
+            return results, up_s, down_s
+
+    results, up_s, down_s = _run(main())
+    for r in results:
+        assert r["done"] and r["tokens"] == max_tokens, r["meta"]
+    TIMINGS["autoscale"] = {"requests": len(results), "scale_up_s": round(up_s, 1), "scale_down_s": round(down_s, 1),
+                            "resumed": sum(1 for r in results if r["retries"])}
+
+
+def _up(mn):
+    text = httpx.get(mn.url + "/metrics", timeout=10).text
+    return {k for k, v in metric_values(text, "replayssm_router_replica_up").items() if v == 1}
