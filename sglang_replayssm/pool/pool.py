@@ -236,22 +236,6 @@ class ReplayStatePool:
         """Draft tokens of the slot's open verify (0: none open)."""
         return self._pending.get(slot, (0, None))[0]
 
-    def fork_verify(self, src: Sequence[int], dst: Sequence[int]) -> None:
-        """``dst[i]`` becomes slot ``src[i]`` *with its open verify*: checkpoint, read copy, record ring (the
-        draft records included), cursor, stochastic-rounding counter, and the pending drafts (count, tree).
-        ``accept_drafts`` on ``dst`` then commits a prefix of those drafts there, independently of ``src``
-        (whose own commit may fold): the state at an accepted-prefix boundary, for a prefix cache."""
-        src, dst = self.check_slots(src), self.check_slots(dst)
-        if len(src) != len(dst) or len(set(dst)) != len(dst) or set(src) & set(dst):
-            raise BadSlotError(f"fork_verify: sources {src} and destinations {dst} must pair up, distinct")
-        for s in src:
-            if s not in self._pending:
-                raise CommitError(f"slot {s} has no open verify to fork")
-        self.copy_slots(self._index(src), self._index(dst))
-        for s, d in zip(src, dst):
-            T, parents = self._pending[s]
-            self._pending[d] = (T, None if parents is None else list(parents))
-
     def cancel_verify(self, slots: Sequence[int]) -> None:
         """Close the open verify of ``slots`` without accepting anything (a verify whose acceptance never
         came): its draft records stay behind the cursor, like rejected ones."""

@@ -132,27 +132,6 @@ def test_cancel_verify_closes_it_and_leaves_the_pointer():
     assert pool.cursor[s].tolist() == [1, 1]
 
 
-def test_fork_verify_commits_a_prefix_on_the_copy_only():
-    """A copy with the open verify (a prefix cache's track slot at an accepted-prefix boundary): its commit of a
-    prefix of the tree path folds there and leaves the source's verify open; misuse raises and copies nothing."""
-    pool = make(4, window=4, max_drafts=3)
-    s = pool.alloc(4)
-    pool.cursor[s[0]] = 2
-    pool.begin_verify([s[0]], 3, parents=[[-1, 0, 0]])
-    with pytest.raises(CommitError, match="no open verify"):
-        pool.fork_verify([s[1]], [s[2]])
-    with pytest.raises(BadSlotError, match="pair up"):
-        pool.fork_verify([s[0]], [s[0]])
-    assert pool.pending(s[2]) == 0 and int(pool.cursor[s[2]]) == 0
-    pool.fork_verify([s[0]], [s[2]])
-    assert pool.pending(s[2]) == 3 and int(pool.cursor[s[2]]) == 2
-    pool.accept_drafts([s[2]], [2], paths=[[0, 2]])             # 2 + 2 records reach the window: the copy folds
-    assert (int(pool.cursor[s[2]]), int(pool.folded[s[2]])) == (0, 4)
-    assert pool.pending(s[0]) == 3 and int(pool.cursor[s[0]]) == 2
-    pool.accept_drafts([s[0]], [1], paths=[[0]])
-    assert int(pool.cursor[s[0]]) == 3
-
-
 def test_copy_slots_copies_everything_on_the_device():
     pool = make(3, window=4, max_drafts=2)
     s = pool.alloc(3)
