@@ -19,11 +19,15 @@ BENCH_TEST_DIRS = ("bench", "fidelity")
 
 
 # The two workers of `pytest -n 2` (the README's test command; pytest-xdist) take whole groups of tests
-# (GroupScheduling below): the server tests (a Ray cluster, then one real SGLang server after another: about
-# half the suite) are one group, run first and alone on one worker, in their usual order; every other file
-# is a group of its own (its module fixtures start once), but for the files that share one of tests/native's
-# package servers (conftest.py there), which go together. Without -n nothing changes.
+# (GroupScheduling below). The server tests (about two thirds of the suite's time) are two groups, one per
+# worker, run first, each in its usual order: the Ray clusters (tests/scheduler, the multi-node cluster
+# included, and the SGLang replicas on Ray, so that no two Ray clusters start at once) and the other real
+# SGLang servers (tests/sglang_server); every other file is a group of its own (its
+# module fixtures start once), but for the files that share one of tests/native's package servers
+# (conftest.py there), which go together, and the workers take them as they come free. Without -n nothing
+# changes.
 SERVER_TEST_DIRS = ("scheduler", "sglang_server")
+RAY_SERVER_FILES = ("sglang_server/test_ray_sglang_replicas.py",)
 SHARED_FIXTURE_FILES = {"native/test_server.py": "native-openai-server",
                         "native/test_openai_params.py": "native-openai-server",
                         "native/test_request_limits.py": "native-shared-server",
@@ -33,8 +37,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def _group(rel: pathlib.PurePath) -> str:
     """The group of a test file, by its path under tests/."""
+    if rel.parts[0] == "scheduler" or rel.as_posix() in RAY_SERVER_FILES:
+        return "servers-ray"
     if rel.parts[0] in SERVER_TEST_DIRS:
-        return "servers"
+        return "servers-sglang"
     return SHARED_FIXTURE_FILES.get(rel.as_posix(), rel.as_posix())
 
 

@@ -164,6 +164,11 @@ def compare(state: Path) -> None:
         if not (pa.exists() and pb.exists()):
             continue
         ra, rb = json.loads(pa.read_text()), json.loads(pb.read_text())
+        if "logprobs" in ra and "logprobs" in rb:
+            sys.path.insert(0, str(HERE))
+            import h200_query
+
+            lines.append(f"{a} vs {b} logprobs: {json.dumps(h200_query.logprob_delta(ra['logprobs'], rb['logprobs']))}")
         for key in ("solo_ids", "batch_ids"):
             for i, (x, y) in enumerate(zip(ra[key], rb[key])):
                 n = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))

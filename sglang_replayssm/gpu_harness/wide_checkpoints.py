@@ -18,6 +18,16 @@ replaced by ``WIDTHS``); the tensors are named and shaped as the Hugging Face ch
 The tokenizer keeps its 512 tokens (ids above it decode to nothing); only ids matter to the comparisons.
 Weights: ``randn * 1.5 / sqrt(fan_in)`` for matrices (as the tiny checkpoints), transformers' own init
 for the vectors (norms, ``A_log``, ``D``, ``dt_bias``, conv bias), one seed, drawn on ``device``.
+
+``--echo-cycle C`` (issue 29: a workload where speculative drafts are accepted, with random weights) makes
+the greedy continuation of token ``t`` the next id of its block of ``C`` ids (``echo_successor``), so every
+output cycles through ``C`` tokens and an n-gram drafter's drafts are accepted once a cycle has been seen.
+The embeddings are drawn at RMS 1, each layer's output projection (``ECHO_OUTPUT_SCALE``) scaled so that the
+layers' sum stays within about twice the embedding's size at full depth, and the LM head's row of ``echo_successor(t)`` is token
+``t``'s embedding scaled to a logit of ``ECHO_TARGET_LOGIT`` (before the final norm shares it with the layers'
+sum): at a real model's width the successor's logit leads by ~15 nats while the other tokens'
+logits (the top-k logprobs a comparison reads) still come from every layer, the SSM layers included. Every
+layer computes what it computes in the plain checkpoint: a step costs the same.
 """
 
 from __future__ import annotations
@@ -61,6 +71,12 @@ FULL_DEPTH: dict[str, dict] = {
                        hybrid_override_pattern="M-M-M-M*-" + "M-M-M-M-M*-" * 3 + "M-M-M-M-M-"),
 }
 DEPTHS = ("short", "full")
+
+# --echo-cycle: the tensors whose size changes (by name suffix), and how
+ECHO_OUTPUT_SCALE = 0.1
+ECHO_TARGET_LOGIT = 40.0
+ECHO_OUTPUTS = (".out_proj.weight", ".o_proj.weight", ".down_proj.weight")
+EMBEDDINGS = {"qwen3_next": "model.embed_tokens.weight", "nemotron_h": "backbone.embeddings.weight"}
 
 
 def _qwen3_next_layer(cfg: dict, i: int, kind: str) -> list[tuple[str, tuple, str]]:
@@ -155,6 +171,27 @@ def _draw(shape: tuple, init: str, cfg: dict, gen, device):
     raise ValueError(init)
 
 
+def echo_successor(vocab: int, cycle: int):
+    """The id each id's greedy continuation is in an echo checkpoint (a LongTensor over ``range(vocab)``): the
+    next id of its block of ``cycle`` ids, wrapping; the ids past the last whole block map to themselves."""
+    import torch
+
+    t = torch.arange(vocab)
+    succ = t - t % cycle + (t % cycle + 1) % cycle
+    return torch.where(t < vocab - vocab % cycle, succ, t)
+
+
+def make_echo(family: str, tensors: dict, cycle: int) -> None:
+    """Turn the drawn ``tensors`` (fp32, in place) into an echo checkpoint's (module docstring)."""
+    emb = tensors[EMBEDDINGS[family]]
+    emb /= emb.pow(2).mean().sqrt()
+    for name, t in tensors.items():
+        if name.endswith(ECHO_OUTPUTS):
+            t *= ECHO_OUTPUT_SCALE
+    head = tensors["lm_head.weight"]
+    head[echo_successor(emb.shape[0], cycle).to(head.device)] = emb * (ECHO_TARGET_LOGIT / emb.shape[1])
+
+
 def wide_config(family: str, tiny_cfg: dict, depth: str = "short") -> dict:
     if depth not in DEPTHS:
         raise ValueError(f"depth must be one of {DEPTHS}, got {depth!r}")
@@ -168,8 +205,9 @@ def wide_config(family: str, tiny_cfg: dict, depth: str = "short") -> dict:
 
 
 def write_wide_checkpoint(family: str, tiny_dir: Path, out: Path, device: str = "cuda", seed: int = 0,
-                          cfg: dict | None = None, depth: str = "short") -> Path:
-    """Write ``out`` (config.json, tokenizer files, model.safetensors in bf16) for ``family``."""
+                          cfg: dict | None = None, depth: str = "short", echo_cycle: int = 0) -> Path:
+    """Write ``out`` (config.json, tokenizer files, model.safetensors in bf16) for ``family``; ``echo_cycle`` > 0:
+    an echo checkpoint (module docstring), its cycle recorded in config.json as ``replayssm_echo_cycle``."""
     import torch
     from safetensors.torch import save_file
 
@@ -179,10 +217,14 @@ def write_wide_checkpoint(family: str, tiny_dir: Path, out: Path, device: str = 
         cfg = wide_config(family, json.loads((tiny_dir / "config.json").read_text()), depth)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_dir / name, out / name)
+    if echo_cycle:
+        cfg = dict(cfg, replayssm_echo_cycle=echo_cycle)
     (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
     gen = torch.Generator(device=device).manual_seed(seed)
-    tensors = {name: _draw(shape, init, cfg, gen, device).to(torch.bfloat16).cpu()
-               for name, shape, init in tensor_specs(family, cfg)}
+    tensors = {name: _draw(shape, init, cfg, gen, device) for name, shape, init in tensor_specs(family, cfg)}
+    if echo_cycle:
+        make_echo(family, tensors, echo_cycle)
+    tensors = {name: t.to(torch.bfloat16).cpu() for name, t in tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -197,10 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--depth", choices=DEPTHS, default="short",
                    help="short: the few layers above; full: every layer of the real model (FULL_DEPTH)")
+    p.add_argument("--echo-cycle", type=int, default=0, metavar="C",
+                   help="an echo checkpoint: greedy outputs cycle through C ids (drafts get accepted); 0: off")
     a = p.parse_args(argv)
+    if a.echo_cycle < 0:
+        p.error(f"--echo-cycle must be >= 0, got {a.echo_cycle}")
     for fam in FAMILIES if a.family == "all" else (a.family,):
         path = write_wide_checkpoint(fam, Path(a.tiny_dir) / fam, Path(a.out_dir) / fam, a.device, a.seed,
-                                     depth=a.depth)
+                                     depth=a.depth, echo_cycle=a.echo_cycle)
         size = (path / "model.safetensors").stat().st_size
         print(f"{fam}: {path} ({size / 2**30:.2f} GiB)", flush=True)
     return 0

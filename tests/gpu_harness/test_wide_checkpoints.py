@@ -73,3 +73,42 @@ def test_full_depth_config_has_every_layer_of_the_real_model(tiny_dir, family):
     assert layers == {str(i) for i in range(len(kinds))}
     with pytest.raises(ValueError, match="depth"):
         wc.wide_config(family, {}, depth="deep")
+
+
+def test_echo_successor_cycles_inside_blocks():
+    succ = wc.echo_successor(20, 8)
+    assert succ.tolist() == [1, 2, 3, 4, 5, 6, 7, 0, 9, 10, 11, 12, 13, 14, 15, 8, 16, 17, 18, 19]
+
+
+@pytest.mark.parametrize("family", wc.FAMILIES)
+def test_echo_checkpoint_greedy_output_cycles(tiny_dir, tmp_path, family):
+    """--echo-cycle: transformers' own greedy decoding of the checkpoint (small widths, the wide layer pattern)
+    continues every prompt with the successor chain of its last token, while the runner-up logits still vary
+    with the context (they come from the layers)."""
+    import torch
+    import transformers
+
+    cfg = wc.wide_config(family, json.loads((tiny_dir / family / "config.json").read_text()))
+    small = dict(cfg, hidden_size=128, vocab_size=600, num_experts=3, num_experts_per_tok=2,
+                 moe_intermediate_size=16, shared_expert_intermediate_size=16, intermediate_size=48,
+                 mamba_num_heads=4, n_groups=2, mamba_n_groups=2)
+    out = wc.write_wide_checkpoint(family, tiny_dir / family, tmp_path / family, device="cpu", cfg=small,
+                                   echo_cycle=8)
+    assert json.loads((out / "config.json").read_text())["replayssm_echo_cycle"] == 8
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    succ = wc.echo_successor(600, 8)
+    for prompt in ([5, 77, 130], [400, 9, 9, 9, 21, 333]):
+        with torch.no_grad():
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                 pad_token_id=0)[0, len(prompt):].tolist()
+        want, t = [], prompt[-1]
+        for _ in range(12):
+            t = int(succ[t])
+            want.append(t)
+        assert ids == want, (family, prompt, ids)
+    with torch.no_grad():
+        a = model(torch.tensor([[5, 77, 130]])).logits[0, -1].log_softmax(-1)
+        b = model(torch.tensor([[400, 9, 130]])).logits[0, -1].log_softmax(-1)
+    assert int(a.argmax()) == int(b.argmax()) == 131
+    assert a[131] > a.topk(2).values[1] + 5                               # the successor leads clearly
+    assert (a.topk(5).values[1:] - b.topk(5).values[1:]).abs().max() > 1e-3   # the rest depends on context
