@@ -5,7 +5,8 @@
 
 Each ``--call LABEL=results.json`` is one device call's ``results.json`` (servers, greedy tokens, SGLang
 ``bench_serving`` rows). Writes ``OUT.json`` (``meta``; per call: servers that served, greedy-token divergence
-positions, every bench row's metrics) and ``OUT.png`` (output throughput and median ITL per row), and
+positions, the top-5 logprob differences against stock, every bench row's metrics; the ``--profiles``
+summaries) and ``OUT.png`` (output throughput and median ITL per row), and
 prints the markdown table of bench/h200/README.md.
 """
 
@@ -52,8 +53,15 @@ def gather(calls: dict[str, Path]) -> dict:
                     k: [divergence(a, b) for a, b in zip(servers[ref][k], servers[name][k])]
                     for k in ("solo_ids", "batch_ids")}
         rows = {k: {m: v.get(m) for m in METRICS} for k, v in res["bench"].items()}
-        out[label] = {"servers": servers, "stock_vs_other": pairs, "bench": rows}
+        out[label] = {"servers": servers, "stock_vs_other": pairs, "logprobs": logprob_lines(res.get("compare", "")),
+                      "bench": rows}
     return out
+
+
+def logprob_lines(compare: str) -> dict[str, dict]:
+    """The fleet's ``A vs B logprobs: {...}`` lines (bench/h200/h200_query.py ``logprob_delta``) by pair."""
+    return {line.split(" logprobs: ", 1)[0]: json.loads(line.split(" logprobs: ", 1)[1])
+            for line in compare.splitlines() if " logprobs: " in line}
 
 
 ROW_NAME = re.compile(r"^(?P<server>.+)_c(?P<conc>\d+)(?:_r(?P<round>\d+))?$")
@@ -134,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--call", action="append", required=True, help="LABEL=path/to/results.json (repeat)")
     p.add_argument("--out", required=True, help="output path without suffix (.json and .png are written)")
     p.add_argument("--device-command", default=DEVICE_COMMAND, help="what ran on the device (for the meta)")
+    p.add_argument("--profiles", action="append", default=[],
+                   help="a profiles.json of bench/h200/h200_profile.py summaries to keep beside the rows (repeat)")
     p.add_argument("--note", default="a call label names one run (UTC): its servers were started once and each row "
                                       "benchmarked while the others idled; rows of different labels are different runs")
     a = p.parse_args(argv)
@@ -146,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python bench/sglang_h200_fleet.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "device_command": a.device_command, "device": "1x NVIDIA H200 (device tool), torch 2.11, Triton 3.6",
             "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": head, "note": a.note}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "calls": data}, indent=1))
+    doc = {"meta": meta, "calls": data}
+    if a.profiles:
+        doc["profiles"] = {k: v for path in a.profiles for k, v in json.loads(Path(path).read_text()).items()}
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     plot(data, out.with_suffix(".png"))
     print(table(data))
     return 0

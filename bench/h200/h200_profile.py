@@ -1,12 +1,12 @@
 """Issue 29, item 1: a torch-profiler trace of a running SGLang server's steps under load, summarized.
 
     python3 bench/h200/h200_profile.py capture PORT NAME OUT_DIR [--conc 128] [--in 1024] [--out 256]
-                                               [--steps 6] [--stack] [--model DIR]
+                                               [--steps 6] [--stack] [--prof-dir /tmp/prof]
     python3 bench/h200/h200_profile.py summarize TRACE.json.gz          # the summary as JSON on stdout
 
-``capture`` puts ``--conc`` requests of ``--in`` random prompt ids on the server (greedy, EOS ignored), waits
-until their prefills are done (the server's running batch at ``--conc``, read from ``/metrics`` or, failing
-that, a fixed wait), asks SGLang's own profiler (``POST /start_profile``: CPU + GPU activities, ``num_steps``
+``capture`` puts ``--conc`` clients on the server, each sending requests of ``--in`` prompt ids (greedy, EOS
+ignored) one after the other, waits until their prefills are done (the server's running batch at ``--conc``,
+read from ``/metrics``: start the server with ``--enable-metrics``; else a fixed wait), asks SGLang's own profiler (``POST /start_profile``: CPU + GPU activities, ``num_steps``
 steps, python stacks with ``--stack``) for a trace of the next steps, aborts the load (``/abort_request``) and
 writes ``OUT_DIR/NAME.summary.json`` (the trace itself stays on the machine: tens of MB).
 
@@ -44,7 +44,7 @@ KERNEL_CLASSES = (
     ("ssm", re.compile(r"gdn|gated_delta|delta_rule|recurrent|_kda|kda_|_m2_|mamba|selective_state|ssd|_chunk_|"
                        r"replay|fold|ring|conv1d|conv_roll|causal_conv|_advance_kernel|_compact_kernel|_copy_rows|"
                        r"_flush_list|scatter_speculative|l2norm", re.I)),
-    ("attention", re.compile(r"flash|fmha|attn|attention|decode_grouped|extend_|merge_state", re.I)),
+    ("attention", re.compile(r"flash|fmha|attn|attention|decode_grouped|extend_|merge_state|^_fwd_", re.I)),
     ("moe", re.compile(r"moe|expert|topk|align_block", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|cublas|sm90_|matmul|splitk", re.I)),
 )
@@ -155,12 +155,15 @@ def capture(port: int, name: str, out: Path, conc: int, in_len: int, out_len: in
     base = f"http://127.0.0.1:{port}"
     ids = [[(7 * i + 13 * j) % 500 + 3 for j in range(in_len)] for i in range(conc)]
 
-    def one(i: int) -> None:
-        try:
-            requests.post(base + "/generate", json={"input_ids": ids[i], "sampling_params": {
-                "temperature": 0, "max_new_tokens": out_len, "ignore_eos": True}}, timeout=600)
-        except requests.RequestException:
-            pass
+    stop = threading.Event()
+
+    def one(i: int) -> None:   # one client: a request after the other until the trace is written (a load that
+        while not stop.is_set():   # ended before ``num_steps`` steps would leave the profiler waiting for steps)
+            try:
+                requests.post(base + "/generate", json={"input_ids": ids[i], "sampling_params": {
+                    "temperature": 0, "max_new_tokens": out_len, "ignore_eos": True}}, timeout=600)
+            except requests.RequestException:
+                pass
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(conc)]
     t0 = time.time()
@@ -185,6 +188,7 @@ def capture(port: int, name: str, out: Path, conc: int, in_len: int, out_len: in
             time.sleep(1.0)   # let the writer finish
             trace = found[0]
         time.sleep(0.5)
+    stop.set()
     requests.post(base + "/abort_request", json={"abort_all": True}, timeout=30)
     for t in threads:
         t.join(timeout=30)

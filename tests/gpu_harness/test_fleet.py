@@ -102,3 +102,35 @@ def test_sharegpt_file_outlasts_the_prompts(tmp_path):
     rows = json.loads(fleet._sharegpt(tmp_path).read_text())
     assert len(rows) > max(fleet.PROMPTS_PER_CONC.values()) + 8
     assert all(len(r["conversations"]) == 2 and r["conversations"][0]["value"] for r in rows)
+
+
+def _top(prompt_rows):
+    return [{str(t): lp for t, lp in row} for row in prompt_rows]
+
+
+def test_logprob_deltas_reach_the_gathered_json(tmp_path, monkeypatch):
+    """Two servers' top-5 logprobs: the largest |difference| of the tokens both list, over the prefill and over the
+    decode positions up to the first differing output token (included: same text before it); the fleet's compare
+    line carries it into the gathered JSON."""
+    query = sys.modules["h200_query"] if "h200_query" in sys.modules else _load(
+        ROOT / "bench" / "h200" / "h200_query.py", "h200_query")
+    a = {"prompts": [{"ids": [7, 8, 9], "input_top": _top([[(1, -0.5), (2, -1.0)]]),
+                      "output_top": _top([[(7, -0.1), (3, -2.0)], [(8, -0.2)], [(9, -0.3)]])}]}
+    b = {"prompts": [{"ids": [7, 5, 9], "input_top": _top([[(1, -0.75), (4, -1.0)]]),
+                      "output_top": _top([[(7, -0.1), (3, -2.5)], [(5, -0.4), (8, -1.0)], [(9, -9.0)]])}]}
+    d = query.logprob_delta(a, b)
+    assert d == {"prefill_max_abs": 0.25, "decode_max_abs": 0.8, "decode_positions_compared": 1}
+    monkeypatch.setattr(fleet, "PAIRS", [("m2_stock", "m2_ours_fp32")])
+    state = _state(tmp_path / "state") if (tmp_path / "state").mkdir() is None else None
+    for n, lp in (("m2_stock", a), ("m2_ours_fp32", b)):
+        tok = json.loads((state / f"tok_{n}.json").read_text())
+        (state / f"tok_{n}.json").write_text(json.dumps(dict(tok, logprobs=lp)))
+    fleet.compare(state)
+    fleet.report(state, tmp_path / "out")
+    prof = tmp_path / "profiles.json"
+    prof.write_text(json.dumps({"m2_stock": {"step_ms": 12.5}}))
+    gather.main(["--out", str(tmp_path / "fleet"), "--call", f"x={tmp_path / 'out' / 'results.json'}",
+                 "--profiles", str(prof)])
+    data = json.loads((tmp_path / "fleet.json").read_text())
+    assert data["calls"]["x"]["logprobs"] == {"m2_stock vs m2_ours_fp32": d}
+    assert data["profiles"] == {"m2_stock": {"step_ms": 12.5}}

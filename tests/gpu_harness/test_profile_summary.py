@@ -65,7 +65,7 @@ def test_kernels_are_classed_by_name():
     assert set(share) == {"ssm", "gemm", "copy", "moe"}
     assert share["ssm"] == pytest.approx(150 / 390, abs=1e-4)
     assert [k["name"] for k in s["kernels"]["top"]][0] == "_gdn_decode_kernel"
-    assert prof.kernel_class("flash_fwd_splitkv_kernel") == "attention"
+    assert prof.kernel_class("flash_fwd_splitkv_kernel") == prof.kernel_class("_fwd_kernel") == "attention"
     assert prof.kernel_class("_gdn_verify_mma_kernel") == "ssm"
     assert prof.kernel_class("some_elementwise_kernel") == "other"
 
