@@ -210,16 +210,20 @@ class ReplayStatePool:
         self.ops.copy_slots([self.cursor, self.folded], src, dst, 0)
 
     # ------------------------------------------------------------------ pointer moves
-    def advance(self, slots: torch.Tensor) -> None:
+    def advance(self, slots: torch.Tensor, counts: torch.Tensor | None = None) -> None:
         """After a decode step over all layers: ``cursor += 1``; rows that flushed (``cursor + 1 ==
-        window``) restart at 0. A device op with no host sync (padding rows hit slot 0 harmlessly)."""
+        window``) restart at 0. A device op with no host sync (padding rows <= 0 hit slot 0 harmlessly);
+        ``counts``: the step's counts added on the device (``reference.replay.STEP_COUNTS``; ``ops.advance``:
+        one launch with the kernels)."""
         if self.cfg.mode != "replay":
             self.folded[slots] += 1
             return
-        nxt = self.cursor[slots] + 1
-        flushed = nxt >= self.cfg.window
-        self.folded[slots] += torch.where(flushed, nxt, torch.zeros_like(nxt)).to(self.folded.dtype)
-        self.cursor[slots] = torch.where(flushed, torch.zeros_like(nxt), nxt)
+        self.ops.advance(self, slots, counts)
+
+    def count_commit(self, slots: torch.Tensor, accepted: torch.Tensor, num_drafts: int,
+                     counts: torch.Tensor) -> None:
+        """Add a verify's counts to ``counts`` before its commit (``ops.count_commit``; device, no host read)."""
+        self.ops.count_commit(self, slots, accepted, num_drafts, counts)
 
     def begin_verify(self, slots: Sequence[int], num_drafts: int, parents: Sequence[Sequence[int]] | None = None) -> None:
         """Record that ``num_drafts`` draft tokens are about to be appended to each slot's ring."""

@@ -145,6 +145,69 @@ def commit(pool, slots: torch.Tensor, accepted: torch.Tensor) -> None:
     pool.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(pool.cursor.dtype)
 
 
+# The step counts a caller may ask ``advance`` / ``count_commit`` to add up on the device (an int64 vector, in
+# this order; the SGLang plugin's metrics read it once per interval: sglang_plugin/pool.py ``_publish``). The
+# first ADDED_COUNTS are added up; the last two are set by each step: the committed records its rows hold after
+# it, and those rows (the ring occupancy is their ratio over the window).
+STEP_COUNTS = ("decode_rows", "decode_flush_rows", "decode_records", "verify_rows", "verify_tokens",
+               "verify_records", "verify_fold_rows", "verify_fold_records", "accepted_records", "rejected_drafts",
+               "last_step_records", "last_step_rows")
+ADDED_COUNTS = 10
+
+
+def advance(pool, slots: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+    """The kernels' ``advance`` signature: after a decode step over every layer, ``cursor += 1`` of ``slots``
+    [B] (device; padding rows <= 0 hit slot 0 harmlessly), a row reaching the window restarting at 0 with
+    ``folded`` += its records. ``counts`` (``STEP_COUNTS``, int64, or None): the live rows (slot > 0), those
+    that flushed and the records their rings held are added; the last step's records and rows become the live
+    rows' committed records after the step and their number (an empty batch counts nothing). Device ops, no
+    host read."""
+    if slots.numel() == 0:
+        return
+    idx = slots.long().clamp(min=0)
+    cur = pool.cursor[idx]
+    nxt = cur + 1
+    flushed = nxt >= pool.cfg.window
+    zero = torch.zeros_like(nxt)
+    pool.folded[idx] += torch.where(flushed, nxt, zero).to(pool.folded.dtype)
+    pool.cursor[idx] = torch.where(flushed, zero, nxt)
+    if counts is not None:
+        live = idx > 0
+        rows = live.sum()
+        counts[0] += rows
+        counts[1] += (flushed & live).sum()
+        counts[2] += torch.where(live, cur, zero).sum()
+        counts[10] = torch.where(live & ~flushed, nxt, zero).sum()
+        counts[11] = rows
+
+
+def count_commit(pool, slots: torch.Tensor, accepted: torch.Tensor, num_drafts: int, counts: torch.Tensor) -> None:
+    """The kernels' ``count_commit`` signature: ``counts`` (``STEP_COUNTS``, int64) of a verify of
+    ``num_drafts`` tokens per row about to commit ``accepted`` [B] drafts (bonus included) of ``slots`` [B]
+    (padding rows <= 0 count nothing), before the pointer moves: rows, tokens verified, the records their rings
+    held, the rows whose commit folds (cursor + accepted reaches the window) and the records those fold, the
+    accepted records, the rejected drafts; the last step's records and rows become the committed records after
+    the commit and the rows (an empty batch counts nothing). Device ops, no host read."""
+    if slots.numel() == 0:
+        return
+    idx = slots.long()
+    live = idx > 0
+    cur = torch.where(live, pool.cursor[idx.clamp(min=0)].long(), 0)
+    acc = torch.where(live, accepted.long(), 0)
+    new = cur + acc
+    folds = (new >= pool.cfg.window) & live
+    rows = live.sum()
+    counts[3] += rows
+    counts[4] += rows * num_drafts
+    counts[5] += cur.sum()
+    counts[6] += folds.sum()
+    counts[7] += torch.where(folds, new, 0).sum()
+    counts[8] += acc.sum()
+    counts[9] += rows * num_drafts - acc.sum()
+    counts[10] = torch.where(folds, 0, new).sum()
+    counts[11] = rows
+
+
 def _write_record(pool, layer: int, slot: int, pos: int, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> None:
     pool.rec_d[layer, slot, pos] = d.to(pool.rec_d.dtype)
     pool.rec_k[layer, slot, pos] = k.to(pool.rec_k.dtype)

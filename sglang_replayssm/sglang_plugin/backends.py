@@ -29,9 +29,20 @@ from .sync_check import sync_checked
 # ----------------------------------------------------------------------------- helpers
 
 
-def _slots(indices: torch.Tensor) -> torch.Tensor:
-    """SGLang's padding rows (-1) -> our padding slot 0."""
-    return indices.to(torch.int32).clamp(min=0)
+def _slots(pool, indices: torch.Tensor) -> torch.Tensor:
+    """SGLang's padding rows (-1) -> our padding slot 0, as int32. Every SSM layer of a step passes the same index
+    tensor: the conversion is made once a step (``pool.step_slots``, dropped when the next step is noted) instead
+    of two launches a layer, which outside a CUDA graph (a verify, a batch too large for the graphs) cost host time
+    on every layer. Not while a CUDA graph is captured (SGLang notes no step at capture; inside a graph the
+    conversion costs nothing at replay)."""
+    if indices.is_cuda and torch.cuda.is_current_stream_capturing():
+        return indices.to(torch.int32).clamp(min=0)
+    cached = pool.step_slots
+    if cached is not None and cached[0] is indices:
+        return cached[1]
+    slots = indices.to(torch.int32).clamp(min=0)
+    pool.step_slots = (indices, slots)
+    return slots
 
 
 def _c(*ts):
@@ -66,7 +77,7 @@ def mamba2_selective_state_update(original, state, x, dt, A, B, C, D=None, z=Non
     if not dt_softplus:
         raise NotImplementedError("ReplaySSM Mamba-2 expects dt_softplus=True (as MambaMixer2 calls it)")
     H = x.shape[-2]
-    slots = _slots(state_batch_indices)
+    slots = _slots(pool, state_batch_indices)
     dt_h = dt[..., 0] if dt.dim() == x.dim() else dt  # the mixer expands dt over P
     A_h, D_h, bias_h = _c(_per_head(A, H, x).float(), _per_head(D, H, x).float(), _per_head(dt_bias, H, x).float())
     x, dt_h, B, C, z = _c(x, dt_h, B, C, z)
@@ -94,7 +105,7 @@ def _delta_decode(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     a = a.reshape(Bn, g.num_heads, -1) if family == "kda" else a.reshape(Bn, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
     q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
-    o = pool.replay.ops.decode(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log, dt_bias, scale=scale)
+    o = pool.replay.ops.decode(pool.replay, layer, _slots(pool, cache_indices), q, k, v, a, b, A_log, dt_bias, scale=scale)
     return o.to(v.dtype).reshape(1, Bn, g.num_heads, g.head_v_dim)
 
 
@@ -109,7 +120,7 @@ def _delta_verify(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     a = a.reshape(Bn, T, g.num_heads, -1) if family == "kda" else a.reshape(Bn, T, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
     q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, T, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
-    o = pool.replay.ops.verify(pool.replay, layer, _slots(cache_indices), q, k, v, a, b, A_log, dt_bias,
+    o = pool.replay.ops.verify(pool.replay, layer, _slots(pool, cache_indices), q, k, v, a, b, A_log, dt_bias,
                                scale=scale, parents=pool.verify_parents)
     return o.to(v.dtype).reshape(1, Bn * T, g.num_heads, g.head_v_dim)
 
@@ -233,6 +244,7 @@ def note_step(backend, forward_batch) -> None:
     if idx is None or pool.last_metadata is md:
         return  # nothing to do, or already noted (a subclass hook and its super() both ran)
     pool.last_metadata = md
+    pool.step_slots = None   # a new step: its layers convert their slot indices afresh (_slots)
     if mode.is_target_verify():
         spec = forward_batch.spec_info
         T = int(spec.draft_token_num)

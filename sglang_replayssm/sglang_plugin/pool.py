@@ -40,6 +40,7 @@ from sglang_replayssm.accounting import StateSizes, conventional_traffic, decode
 from sglang_replayssm.family_ops import FamilyOps
 from sglang_replayssm.flags import FlagError
 from sglang_replayssm.pool import ReplayStatePool, SSMGeometry
+from sglang_replayssm.reference.replay import ADDED_COUNTS, STEP_COUNTS
 
 from . import metrics
 from .options import active_options, ops_backend
@@ -106,6 +107,7 @@ class ReplayMambaPool(_SGLangMambaPool):
     replay: ReplayStatePool | None = None
     verify_parents: torch.Tensor | None = None  # [B, T] tree parents of the open verify (None: chain)
     last_metadata = None  # the backend metadata object whose step was last noted
+    step_slots = None     # (SGLang's index tensor, our int32 slots) of this step's layers (backends._slots)
     _parents_buf: torch.Tensor | None = None
 
     def __init__(self, *, size, spec_state_size, cache_params, mamba_layer_ids, device,
@@ -204,7 +206,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self._pending_track: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._steps_since_metrics = 0
         self._metrics_interval = max(1, int(os.environ.get(METRICS_INTERVAL_ENV, "16")))
-        self._acc = torch.zeros(11, dtype=torch.float64, device=device)   # metrics counts (see _account_decode)
+        self._acc = torch.zeros(len(STEP_COUNTS), dtype=torch.int64, device=device)   # metrics counts (below)
         self._acc_host: torch.Tensor | None = None     # pinned host copy of _acc (CUDA)
         self._acc_copy = None                          # (host buffer, event) of a queued copy not yet published
         self._ssm_itemsize = cache_params.dtype.temporal.itemsize
@@ -225,7 +227,7 @@ class ReplayMambaPool(_SGLangMambaPool):
     def note_decode(self, slots: torch.Tensor) -> None:
         """A decode step over ``slots`` is about to run; its cursor move happens in settle()."""
         self.settle()
-        self._pending_decode = slots.to(torch.long).clamp(min=0)
+        self._pending_decode = slots.clamp(min=0)
 
     @sync_checked
     def settle(self) -> None:
@@ -236,8 +238,8 @@ class ReplayMambaPool(_SGLangMambaPool):
         slots = self._pending_decode
         if slots is not None:
             self._pending_decode = None
-            self._account_decode(slots)
-            self.replay.advance(slots)
+            self.replay.advance(slots, self._acc)   # the move and its counts: one launch with the kernels
+            self._count_step()
         if self._pending_track is not None:
             self._copy_tracked(*self._pending_track)
             self._pending_track = None
@@ -284,10 +286,11 @@ class ReplayMambaPool(_SGLangMambaPool):
         included) along ``nodes`` [B, N] (tree paths, padded; None: chain prefixes) stay, the pointer moves,
         a row reaching the window folds (``ReplayStatePool.commit_rows``), and the accepted records and
         rollbacks are counted on the device. No host read with the kernels."""
-        slots = slots.to(torch.int32)
-        acc = torch.where(slots > 0, accepted.to(torch.int32), 0)
-        self._account_commit(slots, acc, num_drafts)   # before the pointer moves
-        self.replay.commit_rows(slots, acc, nodes)
+        slots = slots.to(torch.int32).contiguous()
+        accepted = accepted.contiguous()   # padding rows count and commit nothing (both mask them)
+        self.replay.count_commit(slots, accepted, num_drafts, self._acc)   # before the pointer moves
+        self._count_step()
+        self.replay.commit_rows(slots, accepted, nodes)
         self.verify_parents = None
 
     @sync_checked
@@ -306,42 +309,10 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.replay.refresh_read_copy(layer, t)
 
     # ------------------------------------------------------------------ metrics (sglang_replayssm/accounting.py)
-    # self._acc: device counts, read once per metrics interval (one host sync): [0] decode rows, [1] their
-    # flush rows, [2] records their rings held; [3] ring occupancy after the last step; [4] verify rows at
-    # their commit, [5] tokens they verified, [6] records their rings held, [7] rows whose commit folds,
-    # [8] committed records those fold, [9] accepted records (bonus included), [10] rejected drafts.
-    def _account_decode(self, slots: torch.Tensor) -> None:
-        live = slots > 0
-        cur = self.replay.cursor[slots].to(torch.float64)
-        flush = ((cur + 1) >= self.replay.cfg.window) & live
-        zero = torch.zeros_like(cur)
-        self._acc[0] += live.sum()
-        self._acc[1] += flush.sum()
-        self._acc[2] += torch.where(live, cur, zero).sum()
-        after = torch.where(live & ~flush, cur + 1, zero)   # committed records after the step (0: flushed)
-        self._acc[3] = after.sum() / live.sum().clamp(min=1) / self.replay.cfg.window
-        self._count_step()
-
-    def _account_commit(self, slots: torch.Tensor, accepted: torch.Tensor, num_drafts: int) -> None:
-        """Verify rows (``num_drafts`` tokens each) at their commit, before the pointer moves: a row folds
-        when its committed records reach the window. Padding rows (slot <= 0) count nothing."""
-        live = slots > 0
-        cur = torch.where(live, self.replay.cursor[slots.long()], 0).to(torch.float64)
-        acc = accepted.to(torch.float64)
-        new = cur + acc
-        folds = (new >= self.replay.cfg.window) & live
-        zero = torch.zeros_like(new)
-        rows = live.sum()
-        self._acc[4] += rows
-        self._acc[5] += rows * num_drafts
-        self._acc[6] += cur.sum()
-        self._acc[7] += folds.sum()
-        self._acc[8] += torch.where(folds, new, zero).sum()
-        self._acc[9] += acc.sum()
-        self._acc[10] += rows * num_drafts - acc.sum()
-        self._acc[3] = torch.where(folds | ~live, zero, new).sum() / rows.clamp(min=1) / self.replay.cfg.window
-        self._count_step()
-
+    # self._acc: the step counts of reference.replay.STEP_COUNTS (decode rows, their flushes and records; verify
+    # rows at their commit, tokens, records, folds, folded records, accepted records, rejected drafts; the last
+    # step's committed records and rows: the ring occupancy), added on the device by replay.advance /
+    # replay.count_commit and read once per metrics interval.
     def _count_step(self) -> None:
         self._steps_since_metrics += 1
         if self._steps_since_metrics >= self._metrics_interval:
@@ -382,12 +353,12 @@ class ReplayMambaPool(_SGLangMambaPool):
             self._publish_metrics(wait=True)
 
     def _reset_counts(self) -> None:
-        self._acc[:3] = 0
-        self._acc[4:] = 0
+        self._acc[:ADDED_COUNTS] = 0   # the last step's records and rows stay
 
     def _publish(self, counts: list[float]) -> None:
-        d_rows, d_flushes, d_records, occupancy, v_rows, v_tokens, v_records, v_folds, v_fold_records, \
-            accepted, rollbacks = counts
+        d_rows, d_flushes, d_records, v_rows, v_tokens, v_records, v_folds, v_fold_records, accepted, rollbacks, \
+            last_records, last_rows = counts
+        occupancy = last_records / max(last_rows, 1) / self.replay.cfg.window
         s = StateSizes.of(self.replay, conventional_itemsize=self._ssm_itemsize)
         d_read, d_written = decode_traffic(s, d_rows, d_flushes, d_records)
         v_read, v_written = verify_traffic(s, "replay", v_rows, v_tokens, v_records, v_folds, v_fold_records)

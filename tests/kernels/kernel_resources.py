@@ -263,6 +263,16 @@ def pool_cases():
         torch.empty(nl, B + 1, C, W, dtype=torch.bfloat16), torch.empty(nl, B + 1, Tmax, C, dtype=torch.bfloat16),
         torch.arange(1, B + 1, dtype=torch.int64), torch.full((B,), 2, dtype=torch.int64),
         torch.zeros(B, Tmax, dtype=torch.int64))
+    # a decode step's pointer move with its counts, a verify's counts (kernels/step_counts.py)
+    from types import SimpleNamespace
+
+    from sglang_replayssm.kernels import step_counts
+
+    lean = SimpleNamespace(cursor=torch.zeros(B + 1, dtype=torch.int32), folded=torch.zeros(B + 1, dtype=torch.int64),
+                           cfg=SimpleNamespace(window=16))
+    slots, counts = torch.arange(1, B + 1, dtype=torch.int32), torch.zeros(12, dtype=torch.int64)
+    yield "pool", f"decode advance + counts B{B}", lambda: step_counts.advance(lean, slots, counts)
+    yield "pool", f"commit counts B{B} T4", lambda: step_counts.count_commit(lean, slots, slots, 4, counts)
 
 
 def native_cases(batch, quick=False):

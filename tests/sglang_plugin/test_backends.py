@@ -338,11 +338,21 @@ def test_prefill_batch_folds_pending_records_first():
         torch.testing.assert_close(pool.replay.ckpt[0, slots], state, **TOL)  # the checkpoint is the full state
 
 
+def _graph_decode_step(be, rows, req_pool):
+    """SGLang's CUDA-graph replay metadata for a decode of ``rows`` padded to the graph's 4 rows (padding rows: the
+    first row's slot, sequence length 1): SGLang's static index buffer, its padding rows -1."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    fb = _batch(ForwardMode.DECODE, rows + [rows[0]] * (4 - len(rows)), req_pool)
+    fb.seq_lens_cpu = torch.tensor([8] * len(rows) + [1] * (4 - len(rows)), dtype=torch.int32)
+    be.init_forward_metadata_out_graph(fb)
+    return be.forward_metadata.mamba_cache_indices
+
+
 def test_cuda_graph_replay_metadata_notes_decode_rows_and_padding_hits_slot_0():
     """The CUDA-graph path: init_forward_metadata_out_graph fills SGLang's static index buffer (padding
     rows = -1); the hook notes the step, padding rows land on our padding slot 0, real rows advance."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     torch.manual_seed(3)
     H, P = M2["H"], M2["P"]
@@ -351,10 +361,7 @@ def test_cuda_graph_replay_metadata_notes_decode_rows_and_padding_hits_slot_0():
         pool = req_pool.mamba_pool
         be = Mamba2AttnBackend(fake_runner(sa, req_pool))
         be.init_cuda_graph_state(4, 4)
-        fb = _batch(ForwardMode.DECODE, [2, 3, 2, 2], req_pool)
-        fb.seq_lens_cpu = torch.tensor([8, 8, 1, 1], dtype=torch.int32)  # the last two are graph padding
-        be.init_forward_metadata_out_graph(fb)
-        idx = be.forward_metadata.mamba_cache_indices
+        idx = _graph_decode_step(be, [2, 3], req_pool)
         assert idx.tolist() == [2, 3, -1, -1]
         A, D, dt_bias = -torch.ones(H), torch.zeros(H), torch.zeros(H)
         before = pool.materialize(0, [1, 2, 3, 4])
@@ -367,6 +374,35 @@ def test_cuda_graph_replay_metadata_notes_decode_rows_and_padding_hits_slot_0():
         after = pool.materialize(0, [1, 2, 3, 4])
         torch.testing.assert_close(after[[0, 3]], before[[0, 3]])  # untouched slots
         assert not torch.equal(after[1], before[1]) and not torch.equal(after[2], before[2])
+
+
+def test_slot_conversion_is_made_once_a_step_and_afresh_for_the_next_step():
+    """Every layer of a step passes the same index tensor; its int32 slots are made once (pool.step_slots). SGLang's
+    CUDA-graph metadata refills one static buffer each step: the next noted step converts the new rows, never
+    reusing the last step's."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+
+    from sglang_replayssm.sglang_plugin.backends import _slots
+
+    H, P = M2["H"], M2["P"]
+    with replayssm(window=4), sglang_context() as sa:
+        req_pool = make_req_pool("mamba2", size=4)
+        pool = req_pool.mamba_pool
+        be = Mamba2AttnBackend(fake_runner(sa, req_pool))
+        be.init_cuda_graph_state(4, 4)
+        A, D, dt_bias = -torch.ones(H), torch.zeros(H), torch.zeros(H)
+        static = None
+        for rows, want, cursors in (([2, 3], [2, 3, 0, 0], [0, 1, 1, 0]), ([4, 2], [4, 2, 0, 0], [0, 2, 1, 1])):
+            idx = _graph_decode_step(be, rows, req_pool)
+            assert pool.step_slots is None                                   # noted: nothing carried over
+            static = idx if static is None else static
+            assert idx is static                                             # one buffer, refilled each step
+            x, dt, Bm, Cm = _m2_inputs(4)
+            _m2_call(req_pool.mamba2_layer_cache(0), idx, x, dt, Bm, Cm, A, D, dt_bias, torch.empty(4, H, P))
+            assert pool.step_slots[1].tolist() == want
+            assert _slots(pool, idx) is pool.step_slots[1]                   # the next layer reuses it
+            pool.settle()
+            assert pool.replay.cursor[[1, 2, 3, 4]].tolist() == cursors
 
 
 def test_host_read_guard_names_a_reintroduced_read():
