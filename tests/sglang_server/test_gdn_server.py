@@ -2,9 +2,16 @@
 ReplaySSM, and our plugin at windows 1 / 4 / 16 with the reference ops and the Triton kernels (under
 Triton's interpreter), fp16-sr checkpoints with an fp8 read copy, and NGRAM speculative decoding. The
 window-16 server runs the radix cache's extra_buffer strategy, pages of 16 and the overlap scheduler; the NGRAM
-server runs extra_buffer too (track slots written at accepted-prefix boundaries by the verify commit)."""
+server runs extra_buffer too (track slots written at accepted-prefix boundaries by the verify commit).
+
+SGLang's own ReplaySSM (a peer, not our code: what the H200 benchmarks compare against) runs with
+``SGLANG_REPLAYSSM_PEER_TESTS=1``: its server adds ~100 s to CI's critical path."""
 
 from __future__ import annotations
+
+import os
+
+import pytest
 
 from . import checks
 from .conftest import prompt_ids
@@ -18,6 +25,8 @@ def test_stock_sglang_equals_transformers(servers):
     checks.record_stock(s)
 
 
+@pytest.mark.skipif(os.environ.get("SGLANG_REPLAYSSM_PEER_TESTS") != "1",
+                    reason="a peer's server (SGLang's own ReplaySSM), ~100 s of CI: SGLANG_REPLAYSSM_PEER_TESTS=1 runs it")
 def test_sglang_own_linear_replayssm_equals_transformers(servers):
     checks.greedy_equals_transformers(servers.get("gdn-sglang-replayssm"))
 
