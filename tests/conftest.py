@@ -19,16 +19,15 @@ BENCH_TEST_DIRS = ("bench", "fidelity")
 
 
 # The two workers of `pytest -n 2` (the README's test command; pytest-xdist) take whole groups of tests
-# (GroupScheduling below), in collection order (xdist's reordering by test count is off: it would start a
-# one-test file of minutes last), each worker taking the next group when it is free. The server tests go first
-# (about two thirds of the suite's time): the Ray clusters are one group (tests/scheduler, the multi-node cluster
-# included, and the SGLang replicas on Ray, so that no two Ray clusters start at once), each other file of real
-# SGLang servers (tests/sglang_server) a group, then the files of minutes (SLOW_FIRST); every other file is a
-# group of its own (its module fixtures start once), but for the files that share one of tests/native's package
-# servers (conftest.py there), which go together. Without -n nothing changes.
+# (GroupScheduling below). The server tests (about two thirds of the suite's time) are two groups, one per
+# worker, run first, each in its usual order: the Ray clusters (tests/scheduler, the multi-node cluster
+# included, and the SGLang replicas on Ray, so that no two Ray clusters start at once) and the other real
+# SGLang servers (tests/sglang_server); every other file is a group of its own (its
+# module fixtures start once), but for the files that share one of tests/native's package servers
+# (conftest.py there), which go together, and the workers take them as they come free. Without -n nothing
+# changes.
 SERVER_TEST_DIRS = ("scheduler", "sglang_server")
 RAY_SERVER_FILES = ("sglang_server/test_ray_sglang_replicas.py",)
-SLOW_FIRST = ("kernels/test_compile_sm90.py", "fidelity/test_error_trend.py")
 SHARED_FIXTURE_FILES = {"native/test_server.py": "native-openai-server",
                         "native/test_openai_params.py": "native-openai-server",
                         "native/test_request_limits.py": "native-shared-server",
@@ -40,16 +39,9 @@ def _group(rel: pathlib.PurePath) -> str:
     """The group of a test file, by its path under tests/."""
     if rel.parts[0] == "scheduler" or rel.as_posix() in RAY_SERVER_FILES:
         return "servers-ray"
-    return SHARED_FIXTURE_FILES.get(rel.as_posix(), rel.as_posix())
-
-
-def _order(rel: pathlib.PurePath) -> int:
-    """Where a file's group starts in the queue: the Ray clusters, the SGLang servers, the files of minutes, the rest."""
-    if _group(rel) == "servers-ray":
-        return 0
     if rel.parts[0] in SERVER_TEST_DIRS:
-        return 1
-    return 2 if rel.as_posix() in SLOW_FIRST else 3
+        return "servers-sglang"
+    return SHARED_FIXTURE_FILES.get(rel.as_posix(), rel.as_posix())
 
 
 def _rel(item) -> pathlib.Path:
@@ -62,8 +54,6 @@ def pytest_xdist_make_scheduler(config, log):
     longer takes.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False   # our order (pytest_collection_modifyitems), not xdist's by test count
-
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = pathlib.PurePosixPath(nodeid.split("::", 1)[0])
@@ -74,9 +64,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     """The tests of bench/ and tools/ (tests/bench, tests/fidelity) carry the `bench` marker
-    (pyproject.toml): `-m "not bench"` leaves them out; CI runs everything. The groups are queued by ``_order``
-    (a stable sort: inside a group every test keeps its place)."""
+    (pyproject.toml): `-m "not bench"` leaves them out; CI runs everything. The server group goes first
+    (a stable sort: every other test keeps its place)."""
     for item in items:
         if _rel(item).parts[0] in BENCH_TEST_DIRS:
             item.add_marker(pytest.mark.bench)
-    items.sort(key=lambda item: _order(_rel(item)))
+    items.sort(key=lambda item: _rel(item).parts[0] not in SERVER_TEST_DIRS)
