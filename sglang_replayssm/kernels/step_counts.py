@@ -19,7 +19,7 @@ BLOCK = 256
 
 @triton.jit
 def _decode_advance_kernel(cursor_ptr, folded_ptr, slots_ptr, counts_ptr, B, W, HAS_COUNTS: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr):
     rows = tl.full([], 0, tl.int64)
     flushes = tl.full([], 0, tl.int64)
     held = tl.full([], 0, tl.int64)
@@ -97,8 +97,8 @@ def advance(pool, slots: torch.Tensor, counts: torch.Tensor | None = None) -> No
     if B == 0:
         return
     dummy = counts if counts is not None else pool.cursor
-    _decode_advance_kernel[(1,)](pool.cursor, pool.folded, slots, dummy, B, pool.cfg.window, HAS_COUNTS=counts is not None,
-                          BLOCK=BLOCK, num_warps=4)
+    _decode_advance_kernel[(1,)](pool.cursor, pool.folded, slots, dummy, B, pool.cfg.window,
+                                 HAS_COUNTS=counts is not None, BLOCK=BLOCK, num_warps=4)
 
 
 def count_commit(pool, slots: torch.Tensor, accepted: torch.Tensor, num_drafts: int, counts: torch.Tensor) -> None:

@@ -35,13 +35,13 @@ def _slots(pool, indices: torch.Tensor) -> torch.Tensor:
     of two launches a layer, which outside a CUDA graph (a verify, a batch too large for the graphs) cost host time
     on every layer. Not while a CUDA graph is captured (SGLang notes no step at capture; inside a graph the
     conversion costs nothing at replay)."""
-    if indices.is_cuda and torch.cuda.is_current_stream_capturing():
-        return indices.to(torch.int32).clamp(min=0)
+    capturing = indices.is_cuda and torch.cuda.is_current_stream_capturing()
     cached = pool.step_slots
-    if cached is not None and cached[0] is indices:
+    if not capturing and cached is not None and cached[0] is indices:
         return cached[1]
     slots = indices.to(torch.int32).clamp(min=0)
-    pool.step_slots = (indices, slots)
+    if not capturing:
+        pool.step_slots = (indices, slots)
     return slots
 
 

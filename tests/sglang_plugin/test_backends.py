@@ -338,6 +338,16 @@ def test_prefill_batch_folds_pending_records_first():
         torch.testing.assert_close(pool.replay.ckpt[0, slots], state, **TOL)  # the checkpoint is the full state
 
 
+def _graph_backend(sa):
+    """A Mamba-2 request pool of 4 slots and SGLang's Mamba-2 backend with CUDA-graph state for 4 rows."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+
+    req_pool = make_req_pool("mamba2", size=4)
+    be = Mamba2AttnBackend(fake_runner(sa, req_pool))
+    be.init_cuda_graph_state(4, 4)
+    return req_pool, be
+
+
 def _graph_decode_step(be, rows, req_pool):
     """SGLang's CUDA-graph replay metadata for a decode of ``rows`` padded to the graph's 4 rows (padding rows: the
     first row's slot, sequence length 1): SGLang's static index buffer, its padding rows -1."""
@@ -352,15 +362,11 @@ def _graph_decode_step(be, rows, req_pool):
 def test_cuda_graph_replay_metadata_notes_decode_rows_and_padding_hits_slot_0():
     """The CUDA-graph path: init_forward_metadata_out_graph fills SGLang's static index buffer (padding
     rows = -1); the hook notes the step, padding rows land on our padding slot 0, real rows advance."""
-    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
-
     torch.manual_seed(3)
     H, P = M2["H"], M2["P"]
     with replayssm(window=4), sglang_context() as sa:
-        req_pool = make_req_pool("mamba2", size=4)
+        req_pool, be = _graph_backend(sa)
         pool = req_pool.mamba_pool
-        be = Mamba2AttnBackend(fake_runner(sa, req_pool))
-        be.init_cuda_graph_state(4, 4)
         idx = _graph_decode_step(be, [2, 3], req_pool)
         assert idx.tolist() == [2, 3, -1, -1]
         A, D, dt_bias = -torch.ones(H), torch.zeros(H), torch.zeros(H)
@@ -380,16 +386,12 @@ def test_slot_conversion_is_made_once_a_step_and_afresh_for_the_next_step():
     """Every layer of a step passes the same index tensor; its int32 slots are made once (pool.step_slots). SGLang's
     CUDA-graph metadata refills one static buffer each step: the next noted step converts the new rows, never
     reusing the last step's."""
-    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
-
     from sglang_replayssm.sglang_plugin.backends import _slots
 
     H, P = M2["H"], M2["P"]
     with replayssm(window=4), sglang_context() as sa:
-        req_pool = make_req_pool("mamba2", size=4)
+        req_pool, be = _graph_backend(sa)
         pool = req_pool.mamba_pool
-        be = Mamba2AttnBackend(fake_runner(sa, req_pool))
-        be.init_cuda_graph_state(4, 4)
         A, D, dt_bias = -torch.ones(H), torch.zeros(H), torch.zeros(H)
         static = None
         for rows, want, cursors in (([2, 3], [2, 3, 0, 0], [0, 1, 1, 0]), ([4, 2], [4, 2, 0, 0], [0, 2, 1, 1])):
