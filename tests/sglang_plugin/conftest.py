@@ -19,9 +19,9 @@ from sglang_replayssm.sglang_plugin import options as plugin_options  # noqa: E4
 LOADED_WITHOUT_OPTIONS: set = set()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def sglang_plugins_loaded():
-    """What every SGLang process does at start: discover entry points, run them, apply the hooks."""
+def load_plugin() -> None:
+    """What every SGLang process does at start: discover entry points, run them, apply the hooks (with ReplaySSM
+    not yet asked for); then the engine hooks, as the flag parser adds them once ReplaySSM is asked for."""
     saved = os.environ.pop(ENV_VAR, None)
     from sglang.srt.plugins import load_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -30,7 +30,15 @@ def sglang_plugins_loaded():
     LOADED_WITHOUT_OPTIONS.update(HookRegistry._patched)
     from sglang_replayssm.sglang_plugin.engine_hooks import ensure_engine_hooks
 
-    ensure_engine_hooks()  # what the flag parser does once ReplaySSM is asked for in this process
+    ensure_engine_hooks()
+    if saved is not None:
+        os.environ[ENV_VAR] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sglang_plugins_loaded():
+    saved = os.environ.pop(ENV_VAR, None)
+    load_plugin()
     yield
     if saved is not None:
         os.environ[ENV_VAR] = saved
