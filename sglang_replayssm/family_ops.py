@@ -17,6 +17,7 @@ Both backends have the same signatures (docs/layout.md; the kernels add keyword-
     copy_slots(tensors, src, dst, slot_dim)            whole-slot copies src[b] -> dst[b] of rows with both > 0
     advance(pool, slots, counts=None)                  a decode step's pointer move (+ its counts on the device)
     count_commit(pool, slots, accepted, T, counts)     a verify's counts before its commit
+    tree_parents(next_token, next_sibling, out)        a verify's draft-tree parents from SGLang's child / sibling arrays
     conventional_decode(state, slots, <raw inputs>) -> out           plain recurrence on state[slots]
     roll_conv(conv, conv_in, rows, acc, nodes)         the conv state past the accepted drafts
 
@@ -59,6 +60,7 @@ class FamilyOps:
     copy_slots: Callable
     advance: Callable
     count_commit: Callable
+    tree_parents: Callable
     conventional_decode: Callable
     roll_conv: Callable
     conventional_step: Callable
@@ -111,7 +113,7 @@ class FamilyOps:
         return cls(family, "reference", decode=ref.decode, verify=ref.verify, fold=ref.fold, commit=ref.commit,
                    compact_paths=reference_replay.compact_paths, copy_slots=reference_replay.copy_slots,
                    advance=reference_replay.advance, count_commit=reference_replay.count_commit,
-                   conventional_decode=ref.conventional_decode, roll_conv=reference_conv_state.roll_conv_state,
+                   tree_parents=reference_replay.tree_parents, conventional_decode=ref.conventional_decode, roll_conv=reference_conv_state.roll_conv_state,
                    **cls._shared(ref))
 
     @classmethod
@@ -122,13 +124,14 @@ class FamilyOps:
         compact = importlib.import_module("sglang_replayssm.kernels.compact_paths")
         slot_copy = importlib.import_module("sglang_replayssm.kernels.slot_copy")
         step_counts = importlib.import_module("sglang_replayssm.kernels.step_counts")
+        draft_tree = importlib.import_module("sglang_replayssm.kernels.draft_tree")
         flush_list = None
         if "flush_list" in inspect.signature(kern.decode).parameters:
             flush_list = importlib.import_module("sglang_replayssm.kernels.split_decode").flush_list
         return cls(family, "triton", decode=kern.decode, verify=kern.verify, fold=kern.fold, commit=kern.commit,
                    compact_paths=compact.compact_paths, copy_slots=slot_copy.copy_slots,
                    advance=step_counts.advance, count_commit=step_counts.count_commit,
-                   conventional_decode=kern.conventional_decode, roll_conv=conv_state.roll_conv_state,
+                   tree_parents=draft_tree.tree_parents, conventional_decode=kern.conventional_decode, roll_conv=conv_state.roll_conv_state,
                    flush_list=flush_list, **cls._shared(FAMILY_MODULES[family]))
 
     @staticmethod

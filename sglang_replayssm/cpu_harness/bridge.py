@@ -286,21 +286,26 @@ def _log_tree_verifies(mod) -> None:
     if os.environ.get(TREE_LOG_ENV) != "1":
         return
     cls = mod.ReplayMambaPool
-    opened = cls.open_verify
-    if getattr(opened, "_cpu_harness", False):
-        return
+    for name in ("open_verify", "open_tree_verify"):
+        opened = getattr(cls, name)
+        if not getattr(opened, "_cpu_harness", False):
+            setattr(cls, name, _logged_open(opened))
 
+
+def _logged_open(opened):
     @functools.wraps(opened)
-    def open_verify(self, parents):
+    def open_verify(self, *args):
+        out = opened(self, *args)
+        parents = self.verify_parents
         rows = [] if parents is None else parents.tolist()   # CPU tensors: the harness may read them
         trees = [p for p in rows if list(p) != list(range(-1, len(p) - 1))]
         if trees:
             print(f"cpu-harness: tree verify: {len(trees)} of {len(rows)} rows, parents {list(trees[0])}",
                   file=sys.stderr, flush=True)
-        return opened(self, parents)
+        return out
 
     open_verify._cpu_harness = True
-    cls.open_verify = open_verify
+    return open_verify
 
 
 _AFTER_IMPORT = {

@@ -145,6 +145,22 @@ def commit(pool, slots: torch.Tensor, accepted: torch.Tensor) -> None:
     pool.cursor[idx] = torch.where(flushed, torch.zeros_like(new_t), new_t).to(pool.cursor.dtype)
 
 
+def tree_parents(next_token: torch.Tensor, next_sibling: torch.Tensor, out: torch.Tensor) -> None:
+    """The kernels' ``tree_parents`` signature: ``out`` [B, T] (int32) = the parent of every draft node (-1: hangs off
+    the committed state) from SGLang's first-child / next-sibling arrays ``next_token`` / ``next_sibling`` [B, T]
+    (-1 or out of range: none). Node i's first child c gets parent i; then each next sibling takes its elder
+    sibling's parent, one sibling further per pass (T - 1 passes cover the longest sibling list). Device ops."""
+    B, T = next_token.shape
+    nxt, sib = next_token.long(), next_sibling.long()
+    sink = torch.full_like(nxt, T)                 # column T of `par` takes the writes of "no such node"
+    par = torch.full((B, T + 1), -1, dtype=torch.long, device=nxt.device)
+    par.scatter_(1, torch.where((nxt >= 0) & (nxt < T), nxt, sink), torch.arange(T, device=nxt.device).expand(B, T))
+    to_sib = torch.where((sib >= 0) & (sib < T), sib, sink)
+    for _ in range(T - 1):
+        par.scatter_(1, to_sib, par[:, :T].clone())
+    out.copy_(par[:, :T])
+
+
 # The step counts a caller may ask ``advance`` / ``count_commit`` to add up on the device (an int64 vector, in
 # this order; the SGLang plugin's metrics read it once per interval: sglang_plugin/pool.py ``_publish``). The
 # first ADDED_COUNTS are added up; the last two are set by each step: the committed records its rows hold after

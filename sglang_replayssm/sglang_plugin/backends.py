@@ -196,7 +196,7 @@ def _after_extend(backend, layer_id: int, forward_batch) -> None:
     layer = backend.req_to_token_pool.mamba_map[layer_id]
     num_prefills = getattr(md, "num_prefills", None)
     idx = md.mamba_cache_indices if num_prefills is None else md.mamba_cache_indices[:num_prefills]
-    pool.after_prefill(layer, idx)
+    pool.after_prefill_rows(layer, idx)   # their rings were emptied once for the step (note_step's flush_rows)
 
 
 def mamba2_forward(original, self, mixer, hidden_states, output, layer_id, forward_batch, *args, **kwargs):
@@ -210,26 +210,6 @@ def delta_forward_extend(original, self, layer, forward_batch, *args, **kwargs):
     out = original(self, layer, forward_batch, *args, **kwargs)
     _after_extend(self, layer.layer_id, forward_batch)
     return out
-
-
-def tree_parents(spec_info, bs: int, T: int, device) -> torch.Tensor:
-    """Parent of every draft node ([bs, T] int32 on the device; -1: hangs off the committed state) from
-    SGLang's first-child / next-sibling arrays, with device ops only (a chain when the arrays are absent, as
-    in CUDA-graph capture dummies). Node i's first child c gets parent i; then each next sibling takes its
-    elder sibling's parent, one sibling further per pass (T - 1 passes cover the longest sibling list)."""
-    nxt = getattr(spec_info, "retrieve_next_token", None)
-    sib = getattr(spec_info, "retrieve_next_sibling", None)
-    if nxt is None or sib is None:
-        return torch.arange(-1, T - 1, dtype=torch.int32, device=device).expand(bs, T)
-    nxt = nxt.reshape(-1, T)[:bs].long()
-    sib = sib.reshape(-1, T)[:bs].long()
-    sink = torch.full_like(nxt, T)                 # column T of `par` takes the writes of "no such node"
-    par = torch.full((bs, T + 1), -1, dtype=torch.long, device=nxt.device)
-    par.scatter_(1, torch.where((nxt >= 0) & (nxt < T), nxt, sink), torch.arange(T, device=nxt.device).expand(bs, T))
-    to_sib = torch.where((sib >= 0) & (sib < T), sib, sink)
-    for _ in range(T - 1):
-        par.scatter_(1, to_sib, par[:, :T].clone())
-    return par[:, :T].to(torch.int32)
 
 
 @sync_checked
@@ -249,8 +229,11 @@ def note_step(backend, forward_batch) -> None:
         spec = forward_batch.spec_info
         T = int(spec.draft_token_num)
         bs = int(forward_batch.batch_size)
-        tree = (getattr(backend, "topk", 0) or 0) > 1
-        pool.open_verify(tree_parents(spec, bs, T, idx.device) if tree else None)
+        if (getattr(backend, "topk", 0) or 0) > 1:   # a draft tree: its parents from SGLang's child / sibling arrays
+            pool.open_tree_verify(getattr(spec, "retrieve_next_token", None),
+                                  getattr(spec, "retrieve_next_sibling", None), bs, T)
+        else:
+            pool.open_verify(None)
     elif mode.is_decode():
         bs = int(forward_batch.batch_size)
         pool.note_decode(idx[:bs])

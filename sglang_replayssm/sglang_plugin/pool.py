@@ -271,13 +271,31 @@ class ReplayMambaPool(_SGLangMambaPool):
         if parents is None:
             self.verify_parents = None
             return
-        bs, T = parents.shape
+        out = self._parents_out(*parents.shape)
+        out.copy_(parents, non_blocking=True)
+        self.verify_parents = out
+
+    @sync_checked
+    def open_tree_verify(self, next_token: torch.Tensor | None, next_sibling: torch.Tensor | None, bs: int,
+                         T: int) -> None:
+        """``open_verify`` of a draft tree given as SGLang's first-child / next-sibling arrays ([>= bs, T] or
+        flat, device): the parents are made straight into the persistent buffer (``ops.tree_parents``: one launch
+        with the kernels). Absent arrays (CUDA-graph capture dummies) make chains."""
+        self.settle()
+        out = self._parents_out(bs, T)
+        if next_token is None or next_sibling is None:
+            out.copy_(torch.arange(-1, T - 1, dtype=torch.int32, device=out.device).expand(bs, T))
+        else:
+            self.replay.ops.tree_parents(next_token.reshape(-1, T)[:bs].contiguous(),
+                                         next_sibling.reshape(-1, T)[:bs].contiguous(), out)
+        self.verify_parents = out
+
+    def _parents_out(self, bs: int, T: int) -> torch.Tensor:
         buf = self._parents_buf
         if buf is None or buf.shape[0] < bs or buf.shape[1] != T:
             buf = self._parents_buf = torch.full((max(bs, self.size + 1), T), -1, dtype=torch.int32,
                                                  device=self.replay.device)
-        buf[:bs].copy_(parents, non_blocking=True)
-        self.verify_parents = buf[:bs]
+        return buf[:bs]
 
     @sync_checked
     def commit_verify(self, slots: torch.Tensor, accepted: torch.Tensor, nodes: torch.Tensor | None,
@@ -301,12 +319,18 @@ class ReplayMambaPool(_SGLangMambaPool):
 
     @sync_checked
     def after_prefill(self, layer: int, slots: torch.Tensor) -> None:
-        """SGLang's prefill wrote the final state into the checkpoint of ``slots`` (device; padding <= 0):
-        empty ring, and the read copy (if any) refreshed from it. Device ops, no host read."""
-        t = slots.to(torch.long)
-        live = t > 0
-        self.replay.cursor[t] = torch.where(live, 0, self.replay.cursor[t])
-        self.replay.refresh_read_copy(layer, t)
+        """SGLang wrote a state into the checkpoint of ``slots`` (device; padding <= 0) from outside a prefill step's
+        rows (a prefill-tracked slot, a HiCache load): empty ring, and the read copy (if any) refreshed from it.
+        Device ops, no host read; padding rows empty the padding slot's own ring."""
+        self.replay.cursor.index_fill_(0, slots.to(torch.long).clamp(min=0), 0)
+        self.replay.refresh_read_copy(layer, slots.to(torch.long))
+
+    @sync_checked
+    def after_prefill_rows(self, layer: int, slots: torch.Tensor) -> None:
+        """SGLang's prefill wrote the final state into the checkpoint of this step's prefill rows ``slots``, whose
+        rings the step's metadata hook emptied before (``flush_rows``) and nothing refilled: the read copy (if any)
+        refreshed from it, nothing else, so a layer costs no launch without a read copy."""
+        self.replay.refresh_read_copy(layer, slots)
 
     # ------------------------------------------------------------------ metrics (sglang_replayssm/accounting.py)
     # self._acc: the step counts of reference.replay.STEP_COUNTS (decode rows, their flushes and records; verify

@@ -273,6 +273,11 @@ def pool_cases():
     slots, counts = torch.arange(1, B + 1, dtype=torch.int32), torch.zeros(12, dtype=torch.int64)
     yield "pool", f"decode advance + counts B{B}", lambda: step_counts.advance(lean, slots, counts)
     yield "pool", f"commit counts B{B} T4", lambda: step_counts.count_commit(lean, slots, slots, 4, counts)
+    # a tree verify's parents from SGLang's child / sibling arrays (kernels/draft_tree.py), EAGLE's largest trees
+    from sglang_replayssm.kernels import draft_tree
+
+    nxt = torch.full((B, 64), -1, dtype=torch.int64)
+    yield "pool", f"tree parents B{B} T64", lambda: draft_tree.tree_parents(nxt, nxt, torch.empty(B, 64, dtype=torch.int32))
 
 
 def native_cases(batch, quick=False):
