@@ -298,12 +298,15 @@ class Harness:
             spec_utils.commit_mamba_states_after_verify(worker, batch, accept_lens, accept_index, T)
 
 
-def count_family(family: str) -> dict:
-    """Each step type twice (the first run makes the lazy buffers), the second counted."""
+STEPS = ("decode", "prefill", "verify_chain", "verify_tree", "verify_tree_track")
+
+
+def count_family(family: str, steps=STEPS) -> dict:
+    """Each step type of ``steps`` twice (the first run makes the lazy buffers), the second counted."""
     T = 4
     tree = [-1, 0, 0, 2]                      # node 0 the root, 1 and 2 its children, 3 a child of 2
     tree_paths, chain_paths = [[0, 2, 3], [0, 1]], [[0, 1], [0, 1, 2]]
-    steps = {
+    runs = {
         "decode": (1, lambda h: h.decode()),
         "prefill": (1, lambda h: h.prefill()),
         "verify_chain": (1, lambda h: h.verify(chain_paths)),
@@ -313,7 +316,8 @@ def count_family(family: str) -> dict:
     out = {}
     rec = Recorder()
     with rec.installed():
-        for name, (topk, step) in steps.items():
+        for name in steps:
+            topk, step = runs[name]
             with contextlib.ExitStack() as stack:
                 h = Harness(family, rec, T, topk, stack)
                 h.decode()
@@ -327,6 +331,7 @@ def count_family(family: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", nargs="+", default=["gdn", "mamba2"], choices=["gdn", "mamba2"])
+    ap.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     os.environ["SGLANG_REPLAYSSM_OPS"] = "kernels"   # the pool's Triton kernels, as on a GPU
@@ -337,7 +342,7 @@ def main(argv=None) -> int:
            "torch": torch.__version__, "layers": len(LAYERS), "batch": len(SLOTS), "draft_tokens": 4,
            "note": "eager device ops per step on CPU (aten ops that launch a kernel + Triton launches); "
                    "a step's ops = per_step + layers x per_layer",
-           "families": {f: count_family(f) for f in args.families}}
+           "families": {f: count_family(f, args.steps) for f in args.families}}
     text = json.dumps(res, indent=1)
     print(text)
     if args.out is not None:
