@@ -113,7 +113,8 @@ class FamilyOps:
         return cls(family, "reference", decode=ref.decode, verify=ref.verify, fold=ref.fold, commit=ref.commit,
                    compact_paths=reference_replay.compact_paths, copy_slots=reference_replay.copy_slots,
                    advance=reference_replay.advance, count_commit=reference_replay.count_commit,
-                   tree_parents=reference_replay.tree_parents, conventional_decode=ref.conventional_decode, roll_conv=reference_conv_state.roll_conv_state,
+                   tree_parents=reference_replay.tree_parents, conventional_decode=ref.conventional_decode,
+                   roll_conv=reference_conv_state.roll_conv_state,
                    **cls._shared(ref))
 
     @classmethod
@@ -131,7 +132,8 @@ class FamilyOps:
         return cls(family, "triton", decode=kern.decode, verify=kern.verify, fold=kern.fold, commit=kern.commit,
                    compact_paths=compact.compact_paths, copy_slots=slot_copy.copy_slots,
                    advance=step_counts.advance, count_commit=step_counts.count_commit,
-                   tree_parents=draft_tree.tree_parents, conventional_decode=kern.conventional_decode, roll_conv=conv_state.roll_conv_state,
+                   tree_parents=draft_tree.tree_parents, conventional_decode=kern.conventional_decode,
+                   roll_conv=conv_state.roll_conv_state,
                    flush_list=flush_list, **cls._shared(FAMILY_MODULES[family]))
 
     @staticmethod
