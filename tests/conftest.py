@@ -28,6 +28,7 @@ BENCH_TEST_DIRS = ("bench", "fidelity")
 # changes.
 SERVER_TEST_DIRS = ("scheduler", "sglang_server")
 RAY_SERVER_FILES = ("sglang_server/test_ray_sglang_replicas.py",)
+NO_RAY_FILES = ("scheduler/test_engine_http.py",)   # under tests/scheduler, but a group of its own: no Ray cluster
 SHARED_FIXTURE_FILES = {"native/test_server.py": "native-openai-server",
                         "native/test_openai_params.py": "native-openai-server",
                         "native/test_request_limits.py": "native-shared-server",
@@ -37,6 +38,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def _group(rel: pathlib.PurePath) -> str:
     """The group of a test file, by its path under tests/."""
+    if rel.as_posix() in NO_RAY_FILES:
+        return rel.as_posix()
     if rel.parts[0] == "scheduler" or rel.as_posix() in RAY_SERVER_FILES:
         return "servers-ray"
     if rel.parts[0] in SERVER_TEST_DIRS:

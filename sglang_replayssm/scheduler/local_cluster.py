@@ -11,7 +11,11 @@ SIGTERM) stops every node it started. Ray's dashboard writes that file (`prom_me
 in the session folder: every live node's metrics address, for Prometheus' `file_sd_configs`); without
 the dashboard (the default here) this process runs Ray's writer of it,
 `ray._private.metrics_agent.PrometheusServiceDiscoveryWriter`, itself. Join it with `python -m sglang_replayssm.launch --replicas N
---ray-address 127.0.0.1:PORT`. Killing one worker's raylet (its PID is printed) is a node loss.
+--ray-address 127.0.0.1:PORT`. Killing one worker's raylet (its PID is printed) is a node loss;
+SIGUSR1 to this process (`kill -USR1 PID`, its PID is printed too) brings every lost worker node back:
+what is left of it is stopped and a new node starts with the same name, CPUs and resource (a new raylet
+PID and metrics port, printed as at the start), as a machine that rebooted and ran `ray start
+--address` again would.
 
 Ray's `ray start` cannot do this on 127.0.0.1 alone: it either maps 127.0.0.1 to the machine's interface
 address or, in its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which keeps everything on
@@ -73,7 +77,7 @@ def check_args(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
 
 
 def start(ns: argparse.Namespace):
-    """The running Cluster and its nodes' descriptions (name, raylet pid, metrics address, resources)."""
+    """The running Cluster and its nodes: (name, ray._private.node.Node, resources offered) each, the head first."""
     loopback.enable()   # before ray is imported: every node keeps 127.0.0.1
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from ray.cluster_utils import Cluster
@@ -92,22 +96,50 @@ def start(ns: argparse.Namespace):
         res = {name: 1}
         nodes.append((name, cluster.add_node(node_ip_address=HOST, num_cpus=ns.worker_cpus, resources=res),
                       {"CPU": ns.worker_cpus, **res}))
-    info = [{"name": name, "raylet_pid": node.all_processes["raylet"][0].process.pid,
-             "metrics": f"{HOST}:{node.metrics_export_port}", "resources": res} for name, node, res in nodes]
-    return cluster, info
+    return cluster, nodes
+
+
+def describe(name: str, node, res: dict) -> dict:
+    return {"name": name, "raylet_pid": raylet(node).pid, "metrics": f"{HOST}:{node.metrics_export_port}",
+            "resources": res}
+
+
+def raylet(node):
+    return node.all_processes["raylet"][0].process
+
+
+def node_line(n: dict) -> str:
+    return (f"  node {n['name']}: raylet pid {n['raylet_pid']}, metrics {n['metrics']}, "
+            f"resources {json.dumps(n['resources'])}")
+
+
+def rejoin_lost(cluster, nodes: list, ns: argparse.Namespace) -> list[int]:
+    """Start every worker node whose raylet exited again, in place (same name, CPUs and custom resource):
+    the rest of the lost node's processes are stopped (`Cluster.remove_node`) and a new node joins the
+    head's GCS (`Cluster.add_node`, which returns once the GCS lists it alive). Returns the indices in
+    `nodes` of the nodes it started."""
+    started = []
+    for i, (name, node, res) in enumerate(nodes):
+        if name == "head" or raylet(node).poll() is None:
+            continue
+        cluster.remove_node(node, allow_graceful=False)
+        custom = {k: v for k, v in res.items() if k != "CPU"}
+        nodes[i] = (name, cluster.add_node(node_ip_address=HOST, num_cpus=ns.worker_cpus, resources=custom), res)
+        started.append(i)
+    return started
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     ns = p.parse_args(argv)
     check_args(ns, p)
-    cluster, info = start(ns)
+    cluster, nodes = start(ns)
     session = cluster.head_node.get_session_dir_path()
-    print(f"sglang-replayssm local cluster: {len(info)} Ray nodes on {HOST}, GCS at {HOST}:{ns.port} "
-          f"(join with --ray-address {HOST}:{ns.port}); Ctrl-C stops it", flush=True)
-    for n in info:
-        print(f"  node {n['name']}: raylet pid {n['raylet_pid']}, metrics {n['metrics']}, "
-              f"resources {json.dumps(n['resources'])}", flush=True)
+    print(f"sglang-replayssm local cluster: {len(nodes)} Ray nodes on {HOST}, GCS at {HOST}:{ns.port} "
+          f"(join with --ray-address {HOST}:{ns.port}); Ctrl-C stops it, kill -USR1 {os.getpid()} "
+          f"restarts lost worker nodes", flush=True)
+    for n in nodes:
+        print(node_line(describe(*n)), flush=True)
     if ns.dashboard_port:
         print(f"  dashboard: http://{HOST}:{ns.dashboard_port}", flush=True)
     else:   # the dashboard's module that writes the service-discovery file does not run: run it here
@@ -117,10 +149,23 @@ def main(argv: list[str] | None = None) -> int:
         writer.daemon = True
         writer.start()
     print(f"  Prometheus file_sd: {os.path.join(session, 'prom_metrics_service_discovery.json')}", flush=True)
-    stop = threading.Event()
+    stop, rejoin, wake = threading.Event(), threading.Event(), threading.Event()
+
+    def on(event):
+        return lambda *_: (event.set(), wake.set())
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(sig, on(stop))
+    signal.signal(signal.SIGUSR1, on(rejoin))
+    while not stop.is_set():
+        wake.wait()
+        wake.clear()
+        if rejoin.is_set() and not stop.is_set():
+            rejoin.clear()
+            started = rejoin_lost(cluster, nodes, ns)
+            for i in started:
+                print(node_line(describe(*nodes[i])), flush=True)
+            print(f"  rejoined: {len(started)} lost worker node(s)", flush=True)
     cluster.shutdown()
     print("sglang-replayssm local cluster: stopped", flush=True)
     return 0

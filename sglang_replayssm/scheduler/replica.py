@@ -30,6 +30,7 @@ Replica-side metrics go through `ray.serve.metrics` (exported on Ray's metrics p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -39,6 +40,7 @@ import httpx
 from ray import serve
 from ray.serve import metrics as serve_metrics
 
+from .engine_http import open_engine_stream
 from .engine_process import EngineProcess
 from .resume import EXACT_ENGINES, attempt_body
 
@@ -73,6 +75,9 @@ class EngineReplica:
             tag_keys=("outcome",))
         self._m_tokens = serve_metrics.Counter(
             "replayssm_replica_generated_tokens", description="tokens streamed by this replica")
+        self._m_reconnects = serve_metrics.Counter(
+            "replayssm_replica_engine_reconnects",
+            description="requests sent again on a new connection: the engine had closed the kept-alive one")
         self._m_load = {f: serve_metrics.Gauge(f"replayssm_replica_engine_{f}",
                                                description=f"engine-reported {f}") for f in LOAD_FIELDS}
         self._m_inflight = serve_metrics.Gauge(
@@ -169,7 +174,10 @@ class EngineReplica:
         self._inflight += 1
         outcome = "cut"
         try:
-            async with client.stream("POST", payload["path"], json=body) as resp:
+            async with contextlib.AsyncExitStack() as stack:
+                resp, reconnects = await open_engine_stream(stack, client, payload["path"], body, self.engine.alive)
+                if reconnects:
+                    self._m_reconnects.inc(reconnects)
                 if resp.status_code != 200:
                     body = (await resp.aread()).decode("utf-8", "replace")
                     outcome = "error"

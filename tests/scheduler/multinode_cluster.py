@@ -2,7 +2,7 @@
 
 The two commands of the doc's `<!-- multinode-quickstart -->` block (a head and two worker nodes on
 127.0.0.1 from `sglang_replayssm.scheduler.local_cluster`, then the launcher joining them with
-`--replicas 2 --ray-address 127.0.0.1:PORT`) run as subprocesses with free ports in place of the
+`--replicas 2 --autoscale 2:3 ... --ray-address 127.0.0.1:PORT`) run as subprocesses with free ports in place of the
 doc's 6379 and 8000, Ray's temp folder in a short private folder (RAY_TMPDIR: Ray's sockets live
 there), and a marker in their environment by which every process they start is found and, at the end,
 ended by PID if it outlived its parent's shutdown.
@@ -11,6 +11,7 @@ ended by PID if it outlived its parent's shutdown.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +42,7 @@ def quickstart_commands() -> list[list[str]]:
     text = DOC.read_text()
     assert QUICKSTART_MARK in text, f"{DOC} lost its {QUICKSTART_MARK} block"
     block = text.split(QUICKSTART_MARK, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    block = block.replace("\\\n", " ")   # a command continued on the next line
     cmds = [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
     assert [c[:3] for c in cmds] == [["python", "-m", "sglang_replayssm.scheduler.local_cluster"],
                                      ["python", "-m", "sglang_replayssm.launch"]], cmds
@@ -64,6 +67,8 @@ class MultiNodeCluster:
         self.cluster_cmd = _with_ports(cluster_cmd, self.gcs_port, self.router_port)
         self.launch_cmd = _with_ports(launch_cmd, self.gcs_port, self.router_port)
         self.nodes: dict[str, dict] = {}     # name -> {"raylet_pid", "metrics"}
+        self.raylets: dict[int, str] = {}    # every raylet pid seen -> its node ("worker-1 (lost)" once replaced)
+        self.lines: queue.Queue = queue.Queue()   # local_cluster's output after its start-up lines
         self.sd_file = None
         self.cluster = self.launcher = None
         self.known: set[int] = set()          # every PID seen carrying the marker
@@ -75,28 +80,48 @@ class MultiNodeCluster:
         self.cluster = subprocess.Popen(self.cluster_cmd, env=self.env, stdout=subprocess.PIPE,
                                         stderr=open(os.path.join(self.tmp, "local_cluster.err"), "w"), text=True)
         for line in self.cluster.stdout:
-            m = NODE_LINE.match(line)
-            if m:
-                self.nodes[m[1]] = {"raylet_pid": int(m[2]), "metrics": m[3]}
+            self._note_node(line)
             if "Prometheus file_sd:" in line:
                 self.sd_file = line.split("Prometheus file_sd:", 1)[1].strip()
                 break
         assert self.sd_file and set(self.nodes) == {"head", "worker-1", "worker-2"}, \
             (self.nodes, self._tail("local_cluster.err"))
+        threading.Thread(target=lambda: [self.lines.put(x) for x in self.cluster.stdout], daemon=True).start()
         self.timings["cluster_start_s"] = time.monotonic() - t0
         self.timings["launch_to_healthy_s"] = self.launch(self.launch_cmd, timeout)
         self.note_pids()
         return self
 
-    def relaunch(self, replace: dict[str, str], extra: list[str], timeout: float = 300.0) -> float:
-        """Stop the launcher (Serve shuts the application down) and start it again with the quick start's
-        arguments, `replace`d ({flag: value}) and `extra` ones added; seconds to a healthy router."""
-        self.launcher.send_signal(signal.SIGTERM)
-        self.launcher.wait(60)
-        cmd = list(self.launch_cmd)
-        for flag, value in replace.items():
-            cmd[cmd.index(flag) + 1] = value
-        return self.launch(cmd + extra, timeout)
+    def _note_node(self, line: str) -> str | None:
+        m = NODE_LINE.match(line)
+        if not m:
+            return None
+        old = self.nodes.get(m[1])
+        if old:
+            self.raylets[old["raylet_pid"]] = f"{m[1]} (lost)"
+        self.nodes[m[1]] = {"raylet_pid": int(m[2]), "metrics": m[3]}
+        self.raylets[int(m[2])] = m[1]
+        return m[1]
+
+    def rejoin(self, timeout: float = 120.0) -> list[str]:
+        """local_cluster's SIGUSR1: every lost worker node starts again (same name, CPUs and resource;
+        a new raylet PID and metrics port). The names of the nodes that came back, once the GCS lists
+        them alive."""
+        self.cluster.send_signal(signal.SIGUSR1)
+        back, deadline = [], time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                assert self.cluster.poll() is None and time.monotonic() < deadline, \
+                    f"local_cluster did not report the rejoin: {self._tail('local_cluster.err')}"
+                continue
+            name = self._note_node(line)
+            if name:
+                back.append(name)
+            if "rejoined:" in line:
+                self.note_pids()
+                return back
 
     def launch(self, cmd: list[str], timeout: float) -> float:
         t1 = time.monotonic()
@@ -120,6 +145,17 @@ class MultiNodeCluster:
             return Path(self.tmp, name).read_text()[-n:]
         except OSError:
             return ""
+
+    def serve_log_lines(self, text: str) -> list[str]:
+        """Lines of this cluster's Serve logs (every node's) that contain `text`: the router's retries
+        and their causes, for an assertion's message."""
+        lines = []
+        for f in sorted(Path(self.tmp, "ray").glob("session_2*/logs/serve/*.log")):
+            try:
+                lines += [x for x in f.read_text(errors="replace").splitlines() if text in x]
+            except OSError:
+                pass
+        return lines
 
     def note_pids(self) -> dict[int, str]:
         pids = pids_with_env(f"{MARKER}={self.session}")
@@ -165,7 +201,7 @@ class MultiNodeCluster:
 
     # -- where things run --------------------------------------------------------------------------
     def node_of_raylet(self, pid: int) -> str:
-        return next(n for n, v in self.nodes.items() if v["raylet_pid"] == pid)
+        return self.raylets[pid]
 
     def replicas(self) -> dict[str, str]:
         """{engine replica id: node name} of every live engine of this cluster, from each engine's
@@ -190,7 +226,7 @@ class MultiNodeCluster:
     def actor_node(self, title: str) -> list[str]:
         """Nodes of this cluster's Ray worker processes whose title starts with `title` (their parent
         is their node's raylet)."""
-        raylets = {v["raylet_pid"]: n for n, v in self.nodes.items()}
+        raylets = self.raylets
         found = []
         for d in os.listdir("/proc"):   # by title and parent: Ray's process titles hide some environments
             if not d.isdigit():
