@@ -18,6 +18,12 @@ Both backends have the same signatures (docs/layout.md; the kernels add keyword-
     advance(pool, slots, counts=None)                  a decode step's pointer move (+ its counts on the device)
     count_commit(pool, slots, accepted, T, counts)     a verify's counts before its commit
     tree_parents(next_token, next_sibling, out)        a verify's draft-tree parents from SGLang's child / sibling arrays
+    commit_prep(pool, slots, accepted, T, counts, out, nodes=None, *, positions=None, parents=None,
+                from_last=False, track=None, steps=None)
+                                                       a verify commit's indices (rows, accepted counts, paths, last
+                                                       nodes, track rows) and its counts, from SGLang's tensors
+    flush_prep(pool, rows, out)                        a flush's rows (repeats and padding dropped) and record counts
+    flush_move(pool, rows, counts)                     a flush's pointer move after its fold
     conventional_decode(state, slots, <raw inputs>) -> out           plain recurrence on state[slots]
     roll_conv(conv, conv_in, rows, acc, nodes)         the conv state past the accepted drafts
 
@@ -37,6 +43,7 @@ from collections.abc import Callable
 import torch
 
 from .reference import FAMILY_MODULES
+from .reference import commit_prep as reference_commit_prep
 from .reference import conv_state as reference_conv_state
 from .reference import replay as reference_replay
 
@@ -61,6 +68,9 @@ class FamilyOps:
     advance: Callable
     count_commit: Callable
     tree_parents: Callable
+    commit_prep: Callable
+    flush_prep: Callable
+    flush_move: Callable
     conventional_decode: Callable
     roll_conv: Callable
     conventional_step: Callable
@@ -113,7 +123,9 @@ class FamilyOps:
         return cls(family, "reference", decode=ref.decode, verify=ref.verify, fold=ref.fold, commit=ref.commit,
                    compact_paths=reference_replay.compact_paths, copy_slots=reference_replay.copy_slots,
                    advance=reference_replay.advance, count_commit=reference_replay.count_commit,
-                   tree_parents=reference_replay.tree_parents, conventional_decode=ref.conventional_decode,
+                   tree_parents=reference_replay.tree_parents, commit_prep=reference_commit_prep.commit_prep,
+                   flush_prep=reference_commit_prep.flush_prep, flush_move=reference_commit_prep.flush_move,
+                   conventional_decode=ref.conventional_decode,
                    roll_conv=reference_conv_state.roll_conv_state,
                    **cls._shared(ref))
 
@@ -126,13 +138,15 @@ class FamilyOps:
         slot_copy = importlib.import_module("sglang_replayssm.kernels.slot_copy")
         step_counts = importlib.import_module("sglang_replayssm.kernels.step_counts")
         draft_tree = importlib.import_module("sglang_replayssm.kernels.draft_tree")
+        prep = importlib.import_module("sglang_replayssm.kernels.commit_prep")
         flush_list = None
         if "flush_list" in inspect.signature(kern.decode).parameters:
             flush_list = importlib.import_module("sglang_replayssm.kernels.split_decode").flush_list
         return cls(family, "triton", decode=kern.decode, verify=kern.verify, fold=kern.fold, commit=kern.commit,
                    compact_paths=compact.compact_paths, copy_slots=slot_copy.copy_slots,
                    advance=step_counts.advance, count_commit=step_counts.count_commit,
-                   tree_parents=draft_tree.tree_parents, conventional_decode=kern.conventional_decode,
+                   tree_parents=draft_tree.tree_parents, commit_prep=prep.commit_prep, flush_prep=prep.flush_prep,
+                   flush_move=prep.flush_move, conventional_decode=kern.conventional_decode,
                    roll_conv=conv_state.roll_conv_state,
                    flush_list=flush_list, **cls._shared(FAMILY_MODULES[family]))
 

@@ -396,8 +396,14 @@ class ReplayStatePool:
             raise CommitError("commit_rows needs a ReplaySSM pool (mode='replay')")
         rows = rows.to(torch.int32).clamp(min=0).contiguous()
         acc = torch.where(rows > 0, acc.to(torch.int32), torch.zeros_like(rows))
+        self.commit_prepared(rows, acc, None if nodes is None else nodes.to(torch.int32).contiguous())
+
+    def commit_prepared(self, rows: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor | None = None) -> None:
+        """``commit_rows`` of indices already in the kernels' form (``ops.commit_prep``'s): ``rows`` [B] int32 slots
+        >= 0, ``acc`` [B] int32 (0 on slot-0 rows), ``nodes`` [B, N] int32 or None; all contiguous. Tree paths to
+        cursor.. (``ops.compact_paths``), the fold of the rows that reach the window and the pointer move
+        (``ops.commit``), and the pool's own conv states (if any): three launches of a tree commit with the kernels."""
         if nodes is not None:
-            nodes = nodes.to(torch.int32).contiguous()
             self.ops.compact_paths(self, rows, acc, nodes)
         self.ops.commit(self, rows, acc)
         if self.conv is not None and self.conv_in is not None and self.conv.shape[-1]:
@@ -408,25 +414,15 @@ class ReplayStatePool:
 
     def flush_rows(self, rows: torch.Tensor) -> None:
         """``force_flush`` of ``rows`` [B] (slots on the device; padding rows <= 0 and repeats of a slot are
-        skipped; no verify open): every layer folds the committed records, cursors restart at 0. With a fold
-        on the device (the kernels) no host read; the reference folds through the host."""
-        if self.cfg.mode != "replay":
+        skipped; no verify open): every layer folds the committed records, cursors restart at 0. The rows and
+        their record counts (``ops.flush_prep``), the fold (``ops.fold``), the pointer move (``ops.flush_move``):
+        three launches with the kernels, no host read; the reference folds through the host."""
+        if self.cfg.mode != "replay" or rows.shape[0] == 0:
             return
-        rows = torch.where(self.first_occurrence(rows), rows.to(torch.int32), 0).contiguous()
-        idx = rows.long()
-        live = idx > 0
-        counts = torch.where(live, self.cursor[idx], torch.zeros_like(rows))
-        self.ops.fold(self, None, rows, counts)
-        self.folded[idx] += counts.to(self.folded.dtype)
-        self.cursor[idx] = torch.where(live, torch.zeros_like(counts), self.cursor[idx])
-
-    def first_occurrence(self, rows: torch.Tensor) -> torch.Tensor:
-        """[B] bool: ``rows[b]`` is a real slot (> 0) not listed before position b. Device ops, no host read."""
-        idx = rows.long().clamp(min=0)
-        order = torch.arange(idx.shape[0], device=idx.device)
-        first = torch.full((self.num_slots + 1,), idx.shape[0], dtype=torch.long, device=idx.device)
-        first.scatter_reduce_(0, idx, order, reduce="amin")
-        return (first[idx] == order) & (idx > 0)
+        prep = torch.empty((2, rows.shape[0]), dtype=torch.int32, device=self.device)
+        self.ops.flush_prep(self, rows.reshape(-1).contiguous(), prep)
+        self.ops.fold(self, None, prep[0], prep[1])
+        self.ops.flush_move(self, prep[0], prep[1])
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """``reset`` of ``rows`` (slots on the device, unchecked; padding slot 0 may be listed and is zeroed too):

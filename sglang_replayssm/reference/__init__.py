@@ -5,8 +5,8 @@ Slow and obvious on purpose: the oracle for the kernels, the pool and the engine
 ``conventional_decode`` and ``fold``; ``conv_state`` the conv-state roll. Nothing here imports the pool.
 """
 
-from . import conv_state, core, gdn, kda, mamba2, quant, replay
+from . import commit_prep, conv_state, core, gdn, kda, mamba2, quant, replay
 
 FAMILY_MODULES = {"mamba2": mamba2, "gdn": gdn, "kda": kda}
 
-__all__ = ["conv_state", "core", "gdn", "kda", "mamba2", "quant", "replay", "FAMILY_MODULES"]
+__all__ = ["commit_prep", "conv_state", "core", "gdn", "kda", "mamba2", "quant", "replay", "FAMILY_MODULES"]

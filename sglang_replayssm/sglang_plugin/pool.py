@@ -40,6 +40,7 @@ from sglang_replayssm.accounting import StateSizes, conventional_traffic, decode
 from sglang_replayssm.family_ops import FamilyOps
 from sglang_replayssm.flags import FlagError
 from sglang_replayssm.pool import ReplayStatePool, SSMGeometry
+from sglang_replayssm.reference.commit_prep import ACC, COMMIT_PREP_ROWS, ROWS
 from sglang_replayssm.reference.replay import ADDED_COUNTS, STEP_COUNTS
 
 from . import metrics
@@ -303,12 +304,43 @@ class ReplayMambaPool(_SGLangMambaPool):
         """Commit the open verify of ``slots`` [B] (device; padding rows <= 0): ``accepted`` [B] drafts (bonus
         included) along ``nodes`` [B, N] (tree paths, padded; None: chain prefixes) stay, the pointer moves,
         a row reaching the window folds (``ReplayStatePool.commit_rows``), and the accepted records and
-        rollbacks are counted on the device. No host read with the kernels."""
+        rollbacks are counted on the device. No host read with the kernels. (SGLang's commits, which hand accepted
+        positions or last nodes, go through ``prepare_commit`` / ``commit_prepared``: fewer launches.)"""
         slots = slots.to(torch.int32).contiguous()
         accepted = accepted.contiguous()   # padding rows count and commit nothing (both mask them)
         self.replay.count_commit(slots, accepted, num_drafts, self._acc)   # before the pointer moves
         self._count_step()
         self.replay.commit_rows(slots, accepted, nodes)
+        self.verify_parents = None
+
+    @sync_checked
+    def prepare_commit(self, slots: torch.Tensor, accepted: torch.Tensor, num_drafts: int, *,
+                       positions: torch.Tensor | None = None, from_last: bool = False,
+                       track: torch.Tensor | None = None, steps: torch.Tensor | None = None):
+        """The open verify's commit indices from SGLang's tensors (``ops.commit_prep``: one launch with the kernels),
+        its step counts added before any pointer moves: ``slots`` [B] (padding rows <= 0), ``accepted`` [B] the
+        accepted counts (bonus included) with ``positions`` [B, N] SGLang's accepted positions of a tree, or with
+        ``from_last`` the last accepted draft nodes (the path walked up the open verify's tree parents); ``track`` /
+        ``steps`` [B] the extra_buffer track slots and boundary nodes. Returns (the [COMMIT_PREP_ROWS, B] int32 rows of
+        ``reference.commit_prep``, the [B, N] int32 tree paths or None). No host read."""
+        B = slots.shape[0]
+        parents = self.verify_parents[:B] if from_last and self.verify_parents is not None else None
+        N = positions.shape[1] if positions is not None else parents.shape[1] if parents is not None else 0
+        buf = torch.empty(COMMIT_PREP_ROWS * B + B * N, dtype=torch.int32, device=self.replay.device)
+        out = buf[:COMMIT_PREP_ROWS * B].view(COMMIT_PREP_ROWS, B)
+        nodes = buf[COMMIT_PREP_ROWS * B:].view(B, N) if N else None
+        c = lambda t: None if t is None else t.contiguous()   # noqa: E731
+        self.replay.ops.commit_prep(self.replay, c(slots), c(accepted), num_drafts, self._acc, out, nodes,
+                                    positions=c(positions), parents=parents, from_last=from_last, track=c(track),
+                                    steps=c(steps))
+        return out, nodes
+
+    @sync_checked
+    def commit_prepared(self, prep: torch.Tensor, nodes: torch.Tensor | None) -> None:
+        """Commit the open verify of ``prepare_commit``'s rows (counted there): the accepted paths to cursor.., the
+        fold of rows that reach the window, the pointer move (``ReplayStatePool.commit_prepared``)."""
+        self._count_step()
+        self.replay.commit_prepared(prep[ROWS], prep[ACC], nodes)
         self.verify_parents = None
 
     @sync_checked
@@ -336,7 +368,7 @@ class ReplayMambaPool(_SGLangMambaPool):
     # self._acc: the step counts of reference.replay.STEP_COUNTS (decode rows, their flushes and records; verify
     # rows at their commit, tokens, records, folds, folded records, accepted records, rejected drafts; the last
     # step's committed records and rows: the ring occupancy), added on the device by replay.advance /
-    # replay.count_commit and read once per metrics interval.
+    # replay.count_commit or the commit preparation (prepare_commit) and read once per metrics interval.
     def _count_step(self) -> None:
         self._steps_since_metrics += 1
         if self._steps_since_metrics >= self._metrics_interval:

@@ -4,7 +4,7 @@
 SGLang's target verify leaves one full SSM state per draft token (``intermediate_ssm``) and the commit
 (``spec_utils.commit_mamba_states_after_verify`` -> ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``)
 scatters the state of the last accepted draft into the cache. With the ReplaySSM pool the verify wrote
-draft *records* into the ring, so the commit is ``ReplayStatePool.commit_rows``: the accepted prefix (chain)
+draft *records* into the ring, so the commit is ``ReplayStatePool.commit_prepared``: the accepted prefix (chain)
 or root-to-node path (EAGLE / NGRAM tree, topk > 1) stays, the pointer moves, rejected records are left behind,
 and a row whose committed records reach the window folds them. The short-convolution state still rolls
 back through SGLang's own per-draft conv windows. Everything is computed from SGLang's device tensors
@@ -18,7 +18,7 @@ boundary, its commit also stores the state *at the boundary* into the row's trac
 crossing; SGLang's ``_verify_commit_step_indices`` / ``fused_commit_track_indices``). Here the track slot
 gets the whole live slot with its open verify (``ReplayStatePool.copy_slots``: checkpoint, read copy, ring
 with the draft records, cursor, stochastic-rounding counter) and commits there the accepted path up to that
-node (``commit_rows`` on the copy: the same pointer move, and the same fold when the copy's committed
+node (``commit_prepared`` on the copy: the same pointer move, and the same fold when the copy's committed
 records reach the window), before the live row commits: what the tree keeps resumes exactly as the live row
 would have after those tokens, whatever the live row's own commit folds, and the live slot is not touched.
 The track slot's conv state comes from SGLang's conv window of that node. The copy and the commit of the
@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import torch
 
+from sglang_replayssm.reference.commit_prep import (LAST, ROWS, SRC_ROWS, TRACK_DST, TRACK_LAST, TRACK_SRC,
+                                                    TRACK_UPTO)
+
 from .sync_check import sync_checked
 
 
@@ -42,59 +45,15 @@ def _replay_pool(req_pool):
     return pool if getattr(pool, "replay", None) is not None else None
 
 
-def accepted_nodes(accept_index: torch.Tensor, bs: int, T: int) -> torch.Tensor:
-    """SGLang's accepted positions (``accept_index``: indices into the flattened [bs * T] drafts, -1 padded) as
-    draft node ids per row, [bs, N] int32 (-1 padded)."""
-    pos = accept_index.reshape(bs, -1).long()
-    base = torch.arange(bs, device=pos.device).unsqueeze(1) * T
-    return torch.where(pos >= 0, pos - base, -1).to(torch.int32)
-
-
-def last_nodes(accepted: torch.Tensor, nodes: torch.Tensor | None) -> torch.Tensor:
-    """The last accepted draft node of each row (-1: none accepted), [bs] int64: ``accepted - 1`` for chains."""
-    acc = accepted.long()
-    if nodes is None:
-        return acc - 1
-    at = nodes.long().gather(1, (acc - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    return torch.where(acc > 0, at, -1)
-
-
-def path_from_parents(parents: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(accepted counts [bs], root-to-node paths [bs, T] int32, -1 padded) of the nodes ``last`` [bs] in the draft
-    trees ``parents`` [bs, T], with device ops: the ancestors of each node walked up T times, then reversed
-    to start at the root."""
-    bs, T = parents.shape
-    up = torch.empty((bs, T), dtype=torch.long, device=parents.device)
-    node = last.long()
-    for i in range(T):
-        up[:, i] = node
-        node = torch.where(node >= 0, parents.long().gather(1, node.clamp(min=0).unsqueeze(1)).squeeze(1), -1)
-    depth = (up >= 0).sum(1)
-    j = torch.arange(T, device=parents.device).unsqueeze(0)
-    src = (depth.unsqueeze(1) - 1 - j).clamp(min=0)
-    path = torch.where(j < depth.unsqueeze(1), up.gather(1, src), -1)
-    return depth, path.to(torch.int32)
-
-
-def commit_tracks(backend_cls, pool, slots: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor | None,
-                  track: torch.Tensor, steps: torch.Tensor, src_rows) -> None:
-    """The ``extra_buffer`` track slots of one commit: for every row whose accepted path crosses a track
-    boundary (``steps[b] >= 0``: the boundary's draft node, on the accepted path), the track slot ``track[b]``
-    becomes the live slot with its open verify, committed there up to that node, and gets the conv window of
-    that node. Rows that do not cross copy and commit nothing. Device ops only."""
-    steps = steps.long()
-    on = (steps >= 0) & (slots > 0) & (track > 0)
-    src = torch.where(on, slots.long(), 0)
-    dst = torch.where(on, track.long(), 0)
-    pool.replay.copy_slots(src, dst)
-    if nodes is None:
-        upto = steps + 1
-    else:   # the boundary node's position on the accepted path, + 1
-        j = torch.arange(nodes.shape[1], device=nodes.device).unsqueeze(0)
-        hit = (nodes.long() == steps.unsqueeze(1)) & (j < acc.long().unsqueeze(1))
-        upto = torch.where(hit, j + 1, 0).amax(1)
-    pool.replay.commit_rows(dst, torch.where(on, upto, 0), nodes)
-    rollback_conv(backend_cls, pool, dst, torch.where(on, steps, -1), src_rows)
+def commit_tracks(backend_cls, pool, prep: torch.Tensor, nodes: torch.Tensor | None, src_rows) -> None:
+    """The ``extra_buffer`` track slots of one commit (``prep``: ``ReplayMambaPool.prepare_commit``'s rows): for every
+    row whose accepted path crosses a track boundary, the track slot becomes the live slot with its open verify,
+    committed there up to the boundary node, and gets the conv window of that node. Rows that do not cross copy and
+    commit nothing (their prepared track rows are 0 / -1). Device ops only."""
+    dst = prep[TRACK_DST]
+    pool.replay.copy_slots(prep[TRACK_SRC], dst)
+    pool.replay.commit_prepared(dst, prep[TRACK_UPTO], nodes)
+    rollback_conv(backend_cls, pool, dst, prep[TRACK_LAST], src_rows)
 
 
 def rollback_conv(backend_cls, pool, slots_t: torch.Tensor, last_steps: torch.Tensor, src_rows) -> None:
@@ -105,15 +64,20 @@ def rollback_conv(backend_cls, pool, slots_t: torch.Tensor, last_steps: torch.Te
 
 
 @sync_checked
-def _commit(backend_cls, pool, slots: torch.Tensor, acc: torch.Tensor, nodes: torch.Tensor | None, T: int,
-            track: torch.Tensor | None, steps: torch.Tensor | None, src_rows) -> None:
-    """One verify's commit: the track slots first (from the live rows with their open verify), then the live
-    rows, then the live rows' conv states."""
+def _commit(backend_cls, pool, slots: torch.Tensor, accepted: torch.Tensor, T: int, src_rows, *,
+            positions: torch.Tensor | None = None, from_last: bool = False, track: torch.Tensor | None = None,
+            steps: torch.Tensor | None = None) -> None:
+    """One verify's commit: its indices and counts in one launch (``prepare_commit``), the track slots (from the live
+    rows with their open verify), then the live rows, then the live rows' conv states. SGLang's conv-window rows are
+    the batch rows unless given (``src_rows``): the prepared int32 row numbers, no conversion on SGLang's side."""
     pool.settle()
-    if track is not None and steps is not None:
-        commit_tracks(backend_cls, pool, slots, acc, nodes, track, steps, src_rows)
-    pool.commit_verify(slots, acc, nodes, T)
-    rollback_conv(backend_cls, pool, slots, last_nodes(acc, nodes), src_rows)
+    prep, nodes = pool.prepare_commit(slots, accepted, T, positions=positions, from_last=from_last, track=track,
+                                      steps=steps)
+    src = prep[SRC_ROWS] if src_rows is None else src_rows
+    if track is not None:
+        commit_tracks(backend_cls, pool, prep, nodes, src)
+    pool.commit_prepared(prep, nodes)
+    rollback_conv(backend_cls, pool, prep[ROWS], prep[LAST], src)
 
 
 def commit_mamba_states_after_verify(original, target_worker, batch, accept_lens, accept_index, draft_token_num,
@@ -131,8 +95,7 @@ def commit_mamba_states_after_verify(original, target_worker, batch, accept_lens
     bs = accept_lens.shape[0]
     T = int(draft_token_num)
     slots = req_pool.translate_mamba_indices(req_pool.get_mamba_indices(batch.req_pool_indices[:bs]))
-    acc = accept_lens[:bs]
-    nodes = None if pool.verify_parents is None else accepted_nodes(accept_index, bs, T)
+    positions = None if pool.verify_parents is None else accept_index.reshape(bs, -1)
     src_rows = batch.req_pool_indices[:bs] if pp_spec_stable_rows_enabled() else None
 
     steps = None
@@ -146,7 +109,10 @@ def commit_mamba_states_after_verify(original, target_worker, batch, accept_lens
                                             draft_token_num=T)[1]
     if track is not None and steps is not None:
         track, steps = req_pool.translate_mamba_indices(track[:bs]), steps[:bs].to(slots.device)
-    _commit(HybridLinearAttnBackend, pool, slots, acc, nodes, T, track, steps, src_rows)
+    if steps is None:
+        track = None
+    _commit(HybridLinearAttnBackend, pool, slots, accept_lens[:bs], T, src_rows, positions=positions, track=track,
+            steps=steps)
     return None
 
 
@@ -162,16 +128,10 @@ def update_mamba_state_after_mtp_verify(original, self, last_correct_step_indice
         slots = lin._translate_mamba_indices(lin.req_to_token_pool.get_mamba_indices(req_pool_indices[:bs]))
     else:
         slots = lin.forward_metadata.mamba_cache_indices[:bs]
-    last = last_correct_step_indices.long()
-    T = int(pool.draft_tokens)
-    if pool.verify_parents is None:
-        acc, nodes = last + 1, None
-    else:
-        acc, nodes = path_from_parents(pool.verify_parents[:bs], last)
-        T = pool.verify_parents.shape[1]
+    T = int(pool.draft_tokens) if pool.verify_parents is None else pool.verify_parents.shape[1]
     track = steps = None
     if mamba_track_indices is not None and mamba_steps_to_track is not None:
         track = lin._translate_mamba_indices(mamba_track_indices[:bs])
         steps = mamba_steps_to_track[:bs].to(slots.device)
-    _commit(type(self), pool, slots, acc, nodes, T, track, steps, None)
+    _commit(type(self), pool, slots, last_correct_step_indices, T, None, from_last=True, track=track, steps=steps)
     return None

@@ -278,6 +278,18 @@ def pool_cases():
 
     nxt = torch.full((B, 64), -1, dtype=torch.int64)
     yield "pool", f"tree parents B{B} T64", lambda: draft_tree.tree_parents(nxt, nxt, torch.empty(B, 64, dtype=torch.int32))
+    # a verify commit's indices + counts (SGLang's accepted positions with track slots; a path from the last node up
+    # the tree parents), a flush's rows and its pointer move (kernels/commit_prep.py)
+    from sglang_replayssm.kernels import commit_prep
+
+    prep, nodes, T = torch.empty(8, B, dtype=torch.int32), torch.empty(B, 8, dtype=torch.int32), 8
+    yield "pool", f"commit prep B{B} T{T} positions + track", lambda: commit_prep.commit_prep(
+        lean, slots, slots, T, counts, prep, nodes, positions=torch.empty(B, T, dtype=torch.int64), track=slots,
+        steps=slots)
+    yield "pool", f"commit prep B{B} T{T} parents", lambda: commit_prep.commit_prep(
+        lean, slots, slots, T, counts, prep, nodes, parents=torch.empty(B, T, dtype=torch.int32), from_last=True)
+    yield "pool", f"flush prep B{B}", lambda: commit_prep.flush_prep(lean, slots, prep[:2])
+    yield "pool", f"flush move B{B}", lambda: commit_prep.flush_move(lean, slots, slots)
 
 
 def native_cases(batch, quick=False):

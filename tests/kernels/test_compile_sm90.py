@@ -21,8 +21,10 @@ EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kern
             # the native engine's fused non-SSM kernels
             "_add_rms_norm_kernel", "_group_norm_kernel", "_act_mul_kernel", "_norm_rope_kernel", "_conv_kernel",
             # the pool's conv-state roll at commit (kernels/conv_state.py), a decode step's pointer move and a
-            # verify's counts (kernels/step_counts.py), a tree verify's parents (kernels/draft_tree.py)
-            "_conv_roll_kernel", "_decode_advance_kernel", "_count_commit_kernel", "_tree_parents_kernel"}
+            # verify's counts (kernels/step_counts.py), a tree verify's parents (kernels/draft_tree.py), a commit's
+            # and a flush's index preparation and a flush's pointer move (kernels/commit_prep.py)
+            "_conv_roll_kernel", "_decode_advance_kernel", "_count_commit_kernel", "_tree_parents_kernel",
+            "_commit_prep_kernel", "_flush_prep_kernel", "_flush_move_kernel"}
 
 
 # Bytes of per-thread stack frame (cuobjdump's STACK: register spills or local arrays) that these quick

@@ -1,9 +1,10 @@
 """Upper bounds on the plugin's eager device ops per step (bench/plugin_op_counts.py, counted on CPU with the pool's
 Triton kernels under the interpreter: aten ops that launch a kernel + Triton launches). Outside a CUDA graph each is
 one launch on the host's critical path, so an op that creeps back into a per-layer hook (multiplied by the model's
-SSM layers) or into a step's metadata, settle or commit fails here. GDN: the decode, the prefill and the tree verify
-(whose metadata hook and commit are the family-independent parts; Mamba-2's per-layer hook differs by one op, the
-copy into SGLang's output buffer, and is measured by the bench)."""
+SSM layers) or into a step's metadata, settle or commit fails here. GDN: the decode, the prefill, the chain and tree
+verify and the tree verify with extra_buffer track slots (whose metadata hook and commit are the family-independent
+parts; Mamba-2's per-layer hook differs by one op, the copy into SGLang's output buffer, and is measured by the
+bench)."""
 from __future__ import annotations
 
 import importlib.util
@@ -27,11 +28,23 @@ def test_plugin_step_op_counts_stay_within_bounds(monkeypatch):
     from sglang_replayssm.sglang_plugin.options import OPS_ENV
 
     monkeypatch.setenv(OPS_ENV, "kernels")   # what runs on a GPU
-    counts = _bench().count_family("gdn", steps=("decode", "prefill", "verify_tree"))
+    counts = _bench().count_family("gdn", steps=("decode", "prefill", "verify_chain", "verify_tree",
+                                                  "verify_tree_track"))
     got = {name: (c["per_step"], c["per_layer"], c["host_reads"]) for name, c in counts.items()}
-    assert counts["verify_tree"]["by_entry"]["note_step"]["by_op"] == {"triton:_tree_parents_kernel": 1}, counts
+    by_op = {name: {e: c["by_entry"][e]["by_op"] for e in c["by_entry"]} for name, c in counts.items()}
+    assert by_op["verify_tree"]["note_step"] == {"triton:_tree_parents_kernel": 1}, counts
+    # a prefill's flush: its rows, the fold, the pointer move; a commit: its indices + counts, (the tree path's records
+    # to the cursor,) the fold, the pointer move, SGLang's conv rollback, and SGLang's slot lookup (one index op)
+    assert by_op["prefill"]["note_step"] == {"triton:_flush_prep_kernel": 1, "triton:_fold_kernel": 1,
+                                             "triton:_flush_move_kernel": 1}, counts
+    assert by_op["verify_tree"]["commit"] == {
+        "index": 1, "triton:_commit_prep_kernel": 1, "triton:_compact_kernel": 1, "triton:_fold_kernel": 1,
+        "triton:_advance_kernel": 1, "triton:sglang:fused_mamba_state_scatter_with_mask": 1}, counts
     # (per step, per layer, host reads): per layer the q, k, v copies of SGLang's split views + the decode / verify
     # kernel; a prefill layer launches nothing without a read copy; per step: the slot conversion, the note, the
-    # advance (decode), the flush (prefill), the tree parents + the commit (tree verify)
-    bounds = {"decode": (3, 4, 0), "prefill": (25, 0, 0), "verify_tree": (27, 4, 0)}
+    # advance (decode), the flush (prefill), the tree parents + the commit (verify); with track slots the commit adds
+    # the slot copy (one launch per pool tensor), the track slot's commit and conv rollback, and SGLang's own boundary
+    # steps (_verify_commit_step_indices, ~20 ops)
+    bounds = {"decode": (3, 4, 0), "prefill": (3, 0, 0), "verify_chain": (6, 4, 0), "verify_tree": (8, 4, 0),
+              "verify_tree_track": (37, 4, 0)}
     assert all(got[n][i] <= bounds[n][i] for n in bounds for i in range(3)), (got, counts)

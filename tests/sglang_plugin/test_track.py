@@ -110,18 +110,23 @@ def test_prefill_track_empties_the_track_slots_stale_ring():
         torch.testing.assert_close(pool.materialize(1, [3])[0], h[0, 1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("ops", ["reference", "kernels"])
 @pytest.mark.parametrize("entry", ["spec_utils", "backend"])
-def test_verify_track_at_accepted_prefix_boundary_tree_and_fold(entry):
+def test_verify_track_at_accepted_prefix_boundary_tree_and_fold(entry, ops, monkeypatch):
     """extra_buffer with speculative decoding: SGLang's commit entry point (``spec_utils``), with the boundary step
     SGLang itself computes from the sequence lengths (``_verify_commit_step_indices``, track grid 64), or the
     backend method DFlash / DSpark call with the steps given (``backend``). Row 0 holds 62 tokens and accepts the
     tree path root -> 2 -> 3: it crosses 64 at node 2, so its track slot gets the state after root -> 2 (a copy that
     folds: 2 committed records + 2 >= window 4) and the conv window of node 2, while the live slot commits the whole
-    path (and folds too). Row 1 crosses nothing: its track slot stays as it was."""
+    path (and folds too). Row 1 crosses nothing: its track slot stays as it was. With the PyTorch reference and with
+    the Triton kernels (what runs on CUDA; the commit's preparation in one launch), under TRITON_INTERPRET=1."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative import spec_utils
 
     from sglang_replayssm.reference import gdn as ref_gdn
+    from sglang_replayssm.sglang_plugin.options import OPS_ENV
+
+    monkeypatch.setenv(OPS_ENV, ops)
 
     torch.manual_seed(6)
     T, W, H = 4, 4, GDN["H"]
