@@ -1,6 +1,8 @@
 """Argument checks of the kernel wrappers (tensors, slots, block knobs) and their small size helpers."""
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
@@ -9,7 +11,7 @@ def check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def check_tensor(name: str, t, shape=None, dtype=None, device=None) -> None:
+def check_tensor(name: str, t, shape=None, dtype=None, device=None, contiguous: bool = True) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if shape is not None and tuple(t.shape) != tuple(shape):
@@ -20,8 +22,61 @@ def check_tensor(name: str, t, shape=None, dtype=None, device=None) -> None:
             raise ValueError(f"{name} must have dtype {' or '.join(map(str, dts))}, got {t.dtype}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} must be on {device}, got {t.device}")
-    if not t.is_contiguous():
+    if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
+
+
+def _token_stride(t: torch.Tensor, lead: int):
+    """The element stride between t's token rows when its dims after the first `lead` are contiguous and its
+    lead dims step through the rows one stride apart (0: a single row, any stride reads it), else None."""
+    inner = 1
+    for size, stride in reversed(list(zip(t.shape[lead:], t.stride()[lead:]))):
+        if size != 1 and stride != inner:
+            return None
+        inner *= size
+    row, step = 0, None
+    for size, stride in reversed(list(zip(t.shape[:lead], t.stride()[:lead]))):
+        if size == 1:
+            continue
+        if step is None:
+            row = stride
+        elif stride != step:
+            return None
+        step = stride * size
+    return None if 0 < row < inner else row
+
+
+def token_rows(*ts, lead: int):
+    """Inputs a kernel reads one token row at a time (GDN q/k, v; Mamba-2 x, B/C, z, dt): SGLang hands them out
+    as views of one projection ([*tokens, heads, dim], the rows a fixed stride apart), and a copy into a
+    contiguous tensor would cost a launch per input per layer. Returns (tensors, row): the tensors as given when
+    each one's trailing dims are contiguous and its `lead` token dims ([B] or [B, T]) step through its rows by
+    one stride shared by all of them, else contiguous copies of all of them; row: that stride in elements (the
+    kernel's constexpr for this group). None entries pass through."""
+    given = [t for t in ts if t is not None]
+    strides = [_token_stride(t, lead) for t in given]
+    found = {s for s in strides if s}
+    if None not in strides and len(found) <= 1:
+        if found:
+            return ts, found.pop()
+        # single rows only: any stride reads them; the tensors' own when they agree
+        own = {t.stride(lead - 1) for t in given if t.stride(lead - 1) >= math.prod(t.shape[lead:])}
+        if len(own) == 1:
+            return ts, own.pop()
+    ts = tuple(None if t is None else t.contiguous() for t in ts)
+    return ts, (math.prod(given[0].shape[lead:]) if given else 0)
+
+
+def token_inputs(q, k, v, lead: int):
+    """q, k (one row stride) and v as the kernels read them (checks.token_rows): ((q, k, v), QK_ROW, V_ROW)."""
+    (q, k), qk_row = token_rows(q, k, lead=lead)
+    (v,), v_row = token_rows(v, lead=lead)
+    return q, k, v, qk_row, v_row
+
+
+def check_rows(name: str, t, shape=None, dtype=None, device=None) -> None:
+    """check_tensor for an input read by token rows (token_rows): any row stride, the rest as check_tensor."""
+    check_tensor(name, t, shape=shape, dtype=dtype, device=device, contiguous=False)
 
 
 def output_tensor(out, shape, like: torch.Tensor, device) -> torch.Tensor:

@@ -90,17 +90,17 @@ def gram_update(KrQ, KrK, QK, KK, Kr, Qc, Kc):
 def stacked_draft_pass(a_ptr, b_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v,
                        reck_base, o_r, mask_r, G: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
                        BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, NORMS: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, NORMS: tl.constexpr, ROW: tl.constexpr):
     """The state pass of a tensor-core verify (GDN: q, k; Mamba-2: C, B): the drafts' rows of a (rows
     0..BT-1) and of b (rows BT..2BT-1), [T, G, K] per batch row i_b, taken for group i_g, stacked into one
     operand X (BT >= 8: >= 16 rows, a dot's least); per column chunk S0 X^T [2BT, BV], K_r X^T [BR, 2BT]
     and X X^T [2BT, 2BT] are one dot each. NORMS: also the rows' squared norms [2BT] (else zeros).
-    Returns (S0X, KrX, XX, norms, the a rows' mask)."""
+    ROW: the element stride between the tokens' rows of a and b. Returns (S0X, KrX, XX, norms, the a rows' mask)."""
     o_x = tl.arange(0, 2 * BT)
     is_a = o_x < BT
     t_x = tl.where(is_a, o_x, o_x - BT)
     mask_x = t_x < T
-    x_rows = ((i_b * T + t_x) * G + i_g) * K
+    x_rows = (i_b * T + t_x) * ROW + i_g * K
     x_base = tl.where(is_a, a_ptr + x_rows, b_ptr + x_rows)
     nx = tl.zeros([2 * BT], dtype=tl.float32)
     S0X = tl.zeros([2 * BT, BV], dtype=tl.float32)

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import (check, check_block_k, check_block_v, check_flush_block_k, check_slots, check_stages,
-                     check_tensor, chunk_k, launch_stages, next_pow2, output_tensor)
+from .checks import (check, check_block_k, check_block_v, check_flush_block_k, check_rows, check_slots, check_stages,
+                     check_tensor, chunk_k, launch_stages, next_pow2, output_tensor, token_rows)
 from .constants import DOT_PREC, INTERPRET, RC_NVFP4
 from .drafts import draft_structure, stacked_draft_pass, stacked_halves
 from .fold import _fold_kernel, commit as commit_records, fold as fold_records, fold_store, fold_tile_store
@@ -25,11 +25,12 @@ from .tuning import check_tuning, decode_plan, default_warps, KernelTuning, PREP
 
 @triton.jit
 def _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b, i_h, i_g, o_k, mask_k,
-              o_v, mask_v, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    xv = tl.load(x_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    Bv = tl.load(B_ptr + (i_b * G + i_g) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-    Cv = tl.load(C_ptr + (i_b * G + i_g) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-    dt = softplus(tl.load(dt_ptr + i_b * H + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
+              o_v, mask_v, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, X_ROW: tl.constexpr,
+              BC_ROW: tl.constexpr, DT_ROW: tl.constexpr):
+    xv = tl.load(x_ptr + i_b * X_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    Bv = tl.load(B_ptr + i_b * BC_ROW + i_g * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    Cv = tl.load(C_ptr + i_b * BC_ROW + i_g * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + i_b * DT_ROW + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
     g = dt * tl.load(A_ptr + i_h).to(tl.float32)
     Dh = tl.load(D_ptr + i_h).to(tl.float32)
     return xv, Bv, Cv, dt * xv, g, Dh
@@ -37,23 +38,23 @@ def _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b, i_h, i_g,
 
 @triton.jit
 def _m2_finish(y, xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H: tl.constexpr, V: tl.constexpr,
-               HAS_Z: tl.constexpr):
+               HAS_Z: tl.constexpr, Z_ROW: tl.constexpr):
     y = y + Dh * xv
     if HAS_Z:
-        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        zv = tl.load(z_ptr + i_b * Z_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
         y = y * zv * tl.sigmoid(zv)
     return y
 
 
 @triton.jit
 def _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H: tl.constexpr,
-            V: tl.constexpr, HAS_Z: tl.constexpr):
+            V: tl.constexpr, HAS_Z: tl.constexpr, Z_ROW: tl.constexpr):
     """y = S_t C + D x (z-gated) from the checkpoint's S0 C ([BV]) and the committed keys' K_r C ([BR]),
     with S_t = a (gamma S0 + sum_j w_j u_j B_j^T) + u B^T."""
     y = a * (gam * sc0 + tl.sum(Dr * (w * kcr)[:, None], axis=0)) + u * bc
     y = y + tl.load(D_ptr + i_h).to(tl.float32) * xv
     if HAS_Z:
-        zv = tl.load(z_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        zv = tl.load(z_ptr + i_b * Z_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
         y = y * zv * tl.sigmoid(zv)
     return y
 
@@ -65,17 +66,19 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                    READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, HAS_Z: tl.constexpr,
                    INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr,
-                   NUM_STAGES: tl.constexpr, FOLD_DOT: tl.constexpr):
-    """The body of _m2_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
+                   NUM_STAGES: tl.constexpr, FOLD_DOT: tl.constexpr, X_ROW: tl.constexpr, BC_ROW: tl.constexpr, Z_ROW: tl.constexpr, DT_ROW: tl.constexpr):
+    """The body of _m2_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
+    X_ROW, BC_ROW, Z_ROW, DT_ROW: the element stride between the tokens' rows of x, B / C, z and dt
+    (checks.token_rows)."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, G, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    B_row = B_ptr + (i_b * G + i_g) * K
-    C_row = C_ptr + (i_b * G + i_g) * K
+    B_row = B_ptr + i_b * BC_ROW + i_g * K
+    C_row = C_ptr + i_b * BC_ROW + i_g * K
     o_k = tl.arange(0, K)
     bc = tl.sum(tl.load(B_row + o_k).to(tl.float32) * tl.load(C_row + o_k).to(tl.float32), axis=0)
-    xv = tl.load(x_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    dt = softplus(tl.load(dt_ptr + i_b * H + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
+    xv = tl.load(x_ptr + i_b * X_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + i_b * DT_ROW + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
     g = dt * tl.load(A_ptr + i_h).to(tl.float32)
     a = tl.exp(g)
     u = dt * xv
@@ -87,7 +90,7 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
             S0, Kr = flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, G * K, K)
             Cv = tl.load(C_row + o_k).to(tl.float32)
             y = _m2_out(tl.sum(S0 * Cv[None, :], axis=1), tl.sum(Kr * Cv[None, :], axis=1), a, gam, Dr, w, u, bc,
-                        xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+                        xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z, Z_ROW)
             # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
             fold_tile_store(S0, Kr, Dr, w, gtot, a, u, tl.load(B_row + o_k).to(tl.float32), ckpt_ptr, rc_ptr, rs_ptr,
                             rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, seed, tl.load(folded_ptr + slot) + cur + 1,
@@ -96,7 +99,7 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
                                            G * K, K, BKC, BV, BR, READ_COPY, False, REDUCE_ONCE, NUM_STAGES)
-            y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+            y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z, Z_ROW)
     else:
         if is_flush:
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
@@ -107,7 +110,7 @@ def _m2_decode_row(i_b, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_pt
             sc0, _s, kcr, _k = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                            mask_v, C_row, B_row, 1.0, 1.0, reck_base, o_r, mask_r,
                                            G * K, K, BKC, BV, BR, READ_COPY, False, REDUCE_ONCE, NUM_STAGES)
-        y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z)
+        y = _m2_out(sc0, kcr, a, gam, Dr, w, u, bc, xv, D_ptr, z_ptr, i_b, i_h, o_v, mask_v, H, V, HAS_Z, Z_ROW)
         if is_flush:  # S_t = a*replay(S0) + u B^T into the checkpoint (+ read copy)
             fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                        recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
@@ -130,7 +133,7 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       recg_ptr, seed, layer, min_rows, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                       BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                      HAS_Z: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr,
+                      HAS_Z: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, X_ROW: tl.constexpr, BC_ROW: tl.constexpr, Z_ROW: tl.constexpr, DT_ROW: tl.constexpr,
                       FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
                       FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
@@ -143,17 +146,18 @@ def _m2_decode_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
             _m2_decode_row(tl.load(frows_ptr + j), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                            out_ptr, slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                            reck_ptr, recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT,
-                           HAS_Z, INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, True)
+                           HAS_Z, INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, True, X_ROW, BC_ROW, Z_ROW,
+                           DT_ROW)
     else:
         _m2_decode_row(tl.program_id(2), x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr,
                        slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
                        recg_ptr, seed, layer, H, G, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, HAS_Z,
-                       INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, False)
+                       INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, False, X_ROW, BC_ROW, Z_ROW, DT_ROW)
 
 
 @triton.jit
 def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, G: tl.constexpr, K: tl.constexpr,
-                           R: tl.constexpr, WINDOW: tl.constexpr, BR: tl.constexpr):
+                           R: tl.constexpr, WINDOW: tl.constexpr, BR: tl.constexpr, BC_ROW: tl.constexpr):
     """Split decode, stage 1, one program per (row, group) of a non-flush row: B.C and the committed
     keys' products K_r C, shared by the group's heads and value blocks -> prep row [K_r C (BR) | B.C];
     and the token's B record."""
@@ -163,8 +167,8 @@ def _m2_decode_prep_kernel(B_ptr, C_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_p
     cur = tl.load(cursor_ptr + slot)
     if cur + 1 >= WINDOW:
         return
-    B_row = B_ptr + (i_b * G + i_g) * K
-    C_row = C_ptr + (i_b * G + i_g) * K
+    B_row = B_ptr + i_b * BC_ROW + i_g * K
+    C_row = C_ptr + i_b * BC_ROW + i_g * K
     o_k = tl.arange(0, K)
     Bv = tl.load(B_row + o_k)
     krc, _ = record_key_products(reck_ptr, C_row, C_row, slot, cur, i_g, 1.0, 1.0, G, K, R, BR, False)
@@ -179,7 +183,8 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
                            ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr, H: tl.constexpr,
                            G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
                            BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                           HAS_Z: tl.constexpr, REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr = None):
+                           HAS_Z: tl.constexpr, REDUCE_ONCE: tl.constexpr, X_ROW: tl.constexpr, BC_ROW: tl.constexpr, Z_ROW: tl.constexpr, DT_ROW: tl.constexpr,
+                           NUM_STAGES: tl.constexpr = None):
     """Split decode, stage 2, non-flush rows: the state pass (S C from the checkpoint or its read
     copy) with the record products from stage 1, then y, the u and g records."""
     i_v, i_h, i_b, i_g, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
@@ -187,17 +192,17 @@ def _m2_decode_read_kernel(x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, o
     if cur + 1 >= WINDOW:
         return
     p = prep_ptr + (i_b * G + i_g) * (BR + 1)
-    xv = tl.load(x_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    dt = softplus(tl.load(dt_ptr + i_b * H + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
+    xv = tl.load(x_ptr + i_b * X_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + i_b * DT_ROW + i_h).to(tl.float32) + tl.load(dtb_ptr + i_h).to(tl.float32))
     g = dt * tl.load(A_ptr + i_h).to(tl.float32)
     u = dt * xv
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    C_row = C_ptr + (i_b * G + i_g) * K
+    C_row = C_ptr + i_b * BC_ROW + i_g * K
     sc0, _s, _k, _kk = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
                                    mask_v, C_row, C_row, 1.0, 1.0, recd_ptr, o_r, mask_r,  # no keys read
                                    G * K, K, BKC, BV, BR, READ_COPY, False, REDUCE_ONCE, NUM_STAGES, False)
     y = _m2_out(sc0, tl.load(p + o_r), tl.exp(g), gam, Dr, w, u, tl.load(p + BR), xv, D_ptr, z_ptr, i_b, i_h, o_v,
-                mask_v, H, V, HAS_Z)
+                mask_v, H, V, HAS_Z, Z_ROW)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, u.to(recd_ptr.dtype.element_ty), mask=mask_v)
     if i_v == 0:
@@ -209,13 +214,13 @@ def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr
                       reck_ptr, recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                       T: tl.constexpr, BT: tl.constexpr, BKC: tl.constexpr, HAS_PARENTS: tl.constexpr,
-                      HAS_Z: tl.constexpr):
+                      HAS_Z: tl.constexpr, X_ROW: tl.constexpr, Z_ROW: tl.constexpr, DT_ROW: tl.constexpr):
     """The drafts' part of a Mamba-2 verify, given Sc C_t (SC [BT, BV]) of the committed state Sc and
     the drafts' products C_t . B_i (CB [BT, BT]): gates, path decays, outputs, and the T draft
     records (u, B, dt A) at ring positions cursor.."""
     mtv = mask_t[:, None] & mask_v[None, :]
-    X = tl.load(x_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
-    dt = softplus(tl.load(dt_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
+    X = tl.load(x_ptr + tok[:, None] * X_ROW + i_h * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+    dt = softplus(tl.load(dt_ptr + tok * DT_ROW + i_h, mask=mask_t, other=0.0).to(tl.float32)
                   + tl.load(dtb_ptr + i_h).to(tl.float32))
     Gd = tl.where(mask_t, dt * tl.load(A_ptr + i_h).to(tl.float32), 0.0)
     U = dt[:, None] * X
@@ -224,7 +229,7 @@ def _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr
     Y = tl.exp(LG)[:, None] * SC + tl.sum((E * CB)[:, :, None] * U[None, :, :], axis=1)
     Y = Y + tl.load(D_ptr + i_h).to(tl.float32) * X
     if HAS_Z:
-        Z = tl.load(z_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
+        Z = tl.load(z_ptr + tok[:, None] * Z_ROW + i_h * V + o_v[None, :], mask=mtv, other=0.0).to(tl.float32)
         Y = Y * Z * tl.sigmoid(Z)
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], Y.to(out_ptr.dtype.element_ty), mask=mtv)
     pos = cur + o_t
@@ -247,7 +252,7 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
                       H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                       BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                      HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr):
+                      HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, X_ROW: tl.constexpr, BC_ROW: tl.constexpr, Z_ROW: tl.constexpr, DT_ROW: tl.constexpr):
     """Output-only verify of T Mamba-2 drafts (chain or tree):
     y_t = exp(G_t) Sc C_t + sum_{i on the path to t} exp(G_t - G_i) (B_i . C_t) u_i + D x_t;
     writes the T draft records (u, B, dt A) at cursor.. (no state write). Exact fp32 broadcast products."""
@@ -256,7 +261,7 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
-    bc_rows = (tok * G + i_g) * K
+    bc_rows = tok * BC_ROW + i_g * K
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * G + i_g) * K
     ac = tl.zeros([BT, BV, BKC], dtype=tl.float32)
@@ -275,7 +280,7 @@ def _m2_verify_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr,
     SC = gam * tl.sum(ac, axis=2) + tl.sum((KrC * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc C_t
     _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
                       recg_ptr, reck_base, bc_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v, mask_v,
-                      H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z)
+                      H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z, X_ROW, Z_ROW, DT_ROW)
 
 
 @triton.jit
@@ -284,7 +289,7 @@ def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_
                           H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                           R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                           BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                          HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                          HAS_PARENTS: tl.constexpr, HAS_Z: tl.constexpr, DOT_PRECISION: tl.constexpr, X_ROW: tl.constexpr, BC_ROW: tl.constexpr, Z_ROW: tl.constexpr, DT_ROW: tl.constexpr):
     """_m2_verify_kernel with the products on tensor cores: the drafts' C (rows 0..BT-1) and B (rows
     BT..2BT-1) stacked into one operand X (BT >= 8: >= 16 rows), S0 X^T, K_r X^T and X X^T one dot
     each per column chunk, the records' share of Sc C_t one dot more (3xTF32 default)."""
@@ -297,42 +302,53 @@ def _m2_verify_mma_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_
     reck_base = reck_ptr + (slot * R * G + i_g) * K
     S0X, KrX, XX, _nx, _is_c = stacked_draft_pass(C_ptr, B_ptr, i_b, i_g, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
                                                   slot * H + i_h, o_v, mask_v, reck_base, o_r, mask_r, G, K, T, BT,
-                                                  BV, BKC, BR, READ_COPY, DOT_PRECISION, False)
+                                                  BV, BKC, BR, READ_COPY, DOT_PRECISION, False, BC_ROW)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     SX = gam * S0X + tl.dot(tl.trans(KrX * w[:, None]), Dr, input_precision=DOT_PRECISION)   # rows: Sc C_t, Sc B_t
     SC, _SB, CB, _BB = stacked_halves(SX, XX, BT, BV)
     _m2_drafts_finish(SC, CB, x_ptr, dt_ptr, A_ptr, B_ptr, D_ptr, dtb_ptr, z_ptr, par_ptr, out_ptr, recd_ptr, reck_ptr,
-                      recg_ptr, reck_base, (tok * G + i_g) * K, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
-                      mask_v, H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z)
+                      recg_ptr, reck_base, tok * BC_ROW + i_g * K, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                      mask_v, H, G, K, V, R, T, BT, BKC, HAS_PARENTS, HAS_Z, X_ROW, Z_ROW, DT_ROW)
 
 
 @triton.jit
 def _m2_conventional_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, z_ptr, out_ptr, slots_ptr,
                     state_ptr, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
-                    V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, HAS_Z: tl.constexpr):
+                    V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, HAS_Z: tl.constexpr, X_ROW: tl.constexpr, BC_ROW: tl.constexpr, Z_ROW: tl.constexpr, DT_ROW: tl.constexpr):
     i_v, i_h, i_b, o_v, mask_v, o_k, mask_k, offs, mask2, S = state_tile(slots_ptr, state_ptr, H, K, V, BV, BK)
     i_g = i_h // (H // G)
     xv, Bv, Cv, u, g, Dh = _m2_token(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, i_b,
-                                     i_h, i_g, o_k, mask_k, o_v, mask_v, H, G, K, V)
+                                     i_h, i_g, o_k, mask_k, o_v, mask_v, H, G, K, V, X_ROW, BC_ROW, DT_ROW)
     S = S * tl.exp(g) + u[:, None] * Bv[None, :]
     y = _m2_finish(tl.sum(S * Cv[None, :], axis=1), xv, Dh, z_ptr, i_b, i_h, o_v, mask_v, H, V,
-                   HAS_Z)
+                   HAS_Z, Z_ROW)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, y.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(state_ptr + offs, S.to(state_ptr.dtype.element_ty), mask=mask2)
 
 
 def _check_inputs(B, H, G, P, N, x, dt, A, Bm, C, D, dt_bias, z, device, T=None):
+    """The token inputs' checks; x, dt, B, C, z may be views read by token rows (checks.token_rows)."""
     lead = (B,) if T is None else (B, T)
-    check_tensor("x", x, shape=lead + (H, P), device=device)
-    check_tensor("dt", dt, shape=lead + (H,), device=device)
+    check_rows("x", x, shape=lead + (H, P), device=device)
+    check_rows("dt", dt, shape=lead + (H,), device=device)
     check_tensor("A", A, shape=(H,), device=device)
-    check_tensor("B", Bm, shape=lead + (G, N), device=device)
-    check_tensor("C", C, shape=lead + (G, N), device=device)
+    check_rows("B", Bm, shape=lead + (G, N), device=device)
+    check_rows("C", C, shape=lead + (G, N), device=device)
     check_tensor("D", D, shape=(H,), device=device)
     check_tensor("dt_bias", dt_bias, shape=(H,), device=device)
     if z is not None:
-        check_tensor("z", z, shape=lead + (H, P), device=device)
+        check_rows("z", z, shape=lead + (H, P), device=device)
     check(G > 0 and H % G == 0, f"num heads {H} must be a multiple of num groups {G}")
+
+
+def _token_inputs(x, dt, B, C, z, lead: int):
+    """x, dt, B / C (one row stride), z as the kernels read them (checks.token_rows; z None: x's place, never read):
+    (x, dt, B, C, z, their strides as the kernels' X_ROW, BC_ROW, Z_ROW, DT_ROW)."""
+    (x,), x_row = token_rows(x, lead=lead)
+    (dt,), dt_row = token_rows(dt, lead=lead)
+    (B, C), bc_row = token_rows(B, C, lead=lead)
+    (z,), z_row = token_rows(z, lead=lead) if z is not None else ((x,), x_row)
+    return x, dt, B, C, z, dict(X_ROW=x_row, BC_ROW=bc_row, Z_ROW=z_row, DT_ROW=dt_row)
 
 
 def _block_v(P, block_v):
@@ -357,6 +373,8 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     Bn = check_slots(slots, lv.device, lv.num_slots)
     H, G, P, N = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, lv.device)
+    has_z = z is not None
+    x, dt, B, C, zz, row_strides = _token_inputs(x, dt, B, C, z, lead=1)
     out = output_tensor(out, (Bn, H, P), x, lv.device)
     if Bn == 0:
         return out
@@ -370,7 +388,6 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(tuning.flush_block_k, N)
-    zz = z if z is not None else x   # HAS_Z False: never read
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw,
                                                                       tuning.flush_warps, flush_list)
@@ -385,20 +402,20 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
             recg_ptr=lv.rec_g,
             seed=lv.seed, layer=lv.layer, min_rows=min_rows,
             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(N), BR=BR,
-            READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, HAS_Z=z is not None,
+            READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, HAS_Z=has_z, **row_strides,
             INTERPRET=INTERPRET, REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, FLUSH_BLOCK_K=fbk,
             NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
         _m2_decode_prep_kernel[(G, Bn)](B_ptr=B, C_ptr=C, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,
                                         prep_ptr=prep, G=G, K=N, R=lv.R, WINDOW=lv.window, BR=BR,
-                                        num_warps=PREP_WARPS)
+                                        BC_ROW=row_strides["BC_ROW"], num_warps=PREP_WARPS)
         rbv, rnw = _block_v(P, block_v), num_warps or default_warps(Bn, H)
         _m2_decode_read_kernel[(triton.cdiv(P, rbv), H, Bn)](
             x_ptr=x, dt_ptr=dt, A_ptr=A, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz, out_ptr=out, slots_ptr=slots,
             cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d,
             recg_ptr=lv.rec_g, prep_ptr=prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
-            BKC=block_k or chunk_k(N), BR=BR, READ_COPY=lv.rc_mode, HAS_Z=z is not None, REDUCE_ONCE=rnw >= 4,
+            BKC=block_k or chunk_k(N), BR=BR, READ_COPY=lv.rc_mode, HAS_Z=has_z, REDUCE_ONCE=rnw >= 4, **row_strides,
             NUM_STAGES=check_stages(stages), num_warps=rnw)
     join_stream(side)
     return out
@@ -424,6 +441,8 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     check(1 <= T and lv.window - 1 + T <= lv.R,
           f"T={T} drafts do not fit the ring (capacity {lv.R}, window {lv.window})")
     _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, lv.device, T=T)
+    has_z = z is not None
+    x, dt, B, C, zz, row_strides = _token_inputs(x, dt, B, C, z, lead=2)
     if parents is not None:
         check_tensor("parents", parents, shape=(Bn, T), dtype=torch.int32, device=lv.device)
     out = output_tensor(out, (Bn, T, H, P), x, lv.device)
@@ -437,14 +456,14 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
         extra = dict(DOT_PRECISION=tuning.dot_precision or DOT_PREC, **launch_stages(tuning.stages))
     kern[(triton.cdiv(P, BV), H, Bn)](
         # the drafts' inputs and the output (z, parents: never read where HAS_Z / HAS_PARENTS is False)
-        x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=z if z is not None else x,
+        x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz,
         par_ptr=parents if parents is not None else slots, out_ptr=out,
         # the rows and the layer's state
         slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs,
         recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g,
         H=H, G=G, K=N, V=P, R=lv.R, T=T, BT=BT, BV=BV, BKC=check_block_k(tuning.block_k, N) or chunk_k(N, 16),
         BR=max(16, next_pow2(lv.window)), READ_COPY=lv.rc_mode, HAS_PARENTS=parents is not None,
-        HAS_Z=z is not None, num_warps=num_warps, **extra)
+        HAS_Z=has_z, num_warps=num_warps, **row_strides, **extra)
     return out
 
 
@@ -459,14 +478,16 @@ def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out
     Bn = check_slots(slots, state.device, state.shape[0])
     G = B.shape[1] if B.dim() == 3 else -1
     _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, state.device)
+    has_z = z is not None
+    x, dt, B, C, zz, row_strides = _token_inputs(x, dt, B, C, z, lead=1)
     out = output_tensor(out, (Bn, H, P), x, state.device)
     if Bn == 0:
         return out
     BV = _block_v(P, tuning.block_v)
     _m2_conventional_kernel[(triton.cdiv(P, BV), H, Bn)](
-        x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=z if z is not None else x,
+        x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz,
         out_ptr=out, slots_ptr=slots, state_ptr=state, H=H, G=G, K=N, V=P, BV=BV, BK=next_pow2(N),
-        HAS_Z=z is not None, num_warps=tuning.num_warps or 4)
+        HAS_Z=has_z, **row_strides, num_warps=tuning.num_warps or 4)
     return out
 
 

@@ -46,8 +46,20 @@ def _slots(pool, indices: torch.Tensor) -> torch.Tensor:
 
 
 def _c(*ts):
-    """Our kernels take contiguous inputs; SGLang hands out split / expanded views."""
+    """Contiguous copies of the small per-head / per-token parameters SGLang may hand out as views (no launch when
+    they already are). The token inputs (GDN / KDA q, k, v; Mamba-2 x, dt, B, C, z) go to the kernels as SGLang's views
+    of one projection: the kernels read them by token rows (kernels.checks.token_rows), saving a copy per input per
+    layer."""
     return tuple(None if t is None else t.contiguous() for t in ts)
+
+
+def _direct_out(pool, out: torch.Tensor | None, shape) -> dict:
+    """SGLang's output buffer as the kernel's ``out=`` (the kernel writes it in place: no copy after) when the kernels
+    run and the buffer is one contiguous block of the output's size; else {} (the result is copied into it)."""
+    if (out is None or pool.replay.ops.backend != "triton" or not out.is_contiguous()
+            or out.numel() != torch.Size(shape).numel()):
+        return {}
+    return {"out": out.view(shape)}
 
 
 def _per_head(t: torch.Tensor | None, H: int, like: torch.Tensor) -> torch.Tensor:
@@ -80,15 +92,16 @@ def mamba2_selective_state_update(original, state, x, dt, A, B, C, D=None, z=Non
     slots = _slots(pool, state_batch_indices)
     dt_h = dt[..., 0] if dt.dim() == x.dim() else dt  # the mixer expands dt over P
     A_h, D_h, bias_h = _c(_per_head(A, H, x).float(), _per_head(D, H, x).float(), _per_head(dt_bias, H, x).float())
-    x, dt_h, B, C, z = _c(x, dt_h, B, C, z)
+    direct = _direct_out(pool, out, x.shape)
     if x.dim() == 3:
-        y = pool.replay.ops.decode(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z)
+        y = pool.replay.ops.decode(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z, **direct)
     else:
         y = pool.replay.ops.verify(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z,
-                                   parents=pool.verify_parents)
+                                   parents=pool.verify_parents, **direct)
     if out is None:
         return y.to(x.dtype)
-    out.copy_(y.reshape(out.shape).to(out.dtype))
+    if not direct:
+        out.copy_(y.reshape(out.shape).to(out.dtype))
     return None
 
 
@@ -104,7 +117,7 @@ def _delta_decode(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     v = v.reshape(Bn, g.num_heads, g.head_v_dim)
     a = a.reshape(Bn, g.num_heads, -1) if family == "kda" else a.reshape(Bn, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
-    q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
+    a, b, A_log, dt_bias = _c(a, b.reshape(Bn, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
     o = pool.replay.ops.decode(pool.replay, layer, _slots(pool, cache_indices), q, k, v, a, b, A_log, dt_bias, scale=scale)
     return o.to(v.dtype).reshape(1, Bn, g.num_heads, g.head_v_dim)
 
@@ -119,7 +132,7 @@ def _delta_verify(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     v = v.reshape(Bn, T, g.num_heads, g.head_v_dim)
     a = a.reshape(Bn, T, g.num_heads, -1) if family == "kda" else a.reshape(Bn, T, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
-    q, k, v, a, b, A_log, dt_bias = _c(q, k, v, a, b.reshape(Bn, T, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
+    a, b, A_log, dt_bias = _c(a, b.reshape(Bn, T, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
     o = pool.replay.ops.verify(pool.replay, layer, _slots(pool, cache_indices), q, k, v, a, b, A_log, dt_bias,
                                scale=scale, parents=pool.verify_parents)
     return o.to(v.dtype).reshape(1, Bn * T, g.num_heads, g.head_v_dim)

@@ -14,6 +14,16 @@ GEOS = {
 }
 
 
+def projection_views(g, lead, parts: dict, dtype=torch.float32, pad: int = 3) -> dict:
+    """Token inputs as SGLang hands them out: views of one projection [*lead, sum of the parts + pad] split along
+    its last dim, so each input's token rows are a projection row apart (not contiguous). parts: name -> the
+    trailing shape ((heads, dim) or (heads,)); returns name -> view [*lead, *shape]."""
+    sizes = [int(torch.Size(shape).numel()) for shape in parts.values()]
+    proj = torch.randn(*lead, sum(sizes) + pad, generator=g).to(DEV, dtype)
+    views = torch.split(proj, sizes + [pad], dim=-1)
+    return {name: v.view(*lead, *shape) for (name, shape), v in zip(parts.items(), views)}
+
+
 def make_pool(family, *, window=4, max_drafts=3, num_slots=6, num_layers=2, gen=None, head_k_dim=None,
               head_v_dim=None, **cfg):
     dims = {k: v for k, v in (("head_k_dim", head_k_dim), ("head_v_dim", head_v_dim)) if v}

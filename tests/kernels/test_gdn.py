@@ -7,12 +7,17 @@ from sglang_replayssm.kernels import gdn as kgdn
 from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import gdn as rgdn
 
-from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
+from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, projection_views, snapshot
 
 
-def inputs(g, B, H, Hk, Dv, Dk, T=None, dtype=torch.float32):
+def inputs(g, B, H, Hk, Dv, Dk, T=None, dtype=torch.float32, views=False):
+    """views: q, k, v as SGLang's split views of one projection (the kernels read them by token rows)."""
     lead = (B,) if T is None else (B, T)
     r = lambda *s: torch.randn(*s, generator=g).to(DEV, dtype)
+    if views:
+        qkv = projection_views(g, lead, dict(q=(Hk, Dk), k=(Hk, Dk), v=(H, Dv)), dtype)
+        assert not any(t.is_contiguous() for t in qkv.values())
+        return dict(**qkv, a=r(*lead, H), b=r(*lead, H))
     return dict(q=r(*lead, Hk, Dk), k=r(*lead, Hk, Dk), v=r(*lead, H, Dv), a=r(*lead, H), b=r(*lead, H))
 
 
@@ -64,7 +69,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, warps, stages, method):
     for step in range(6):  # window 4: every row crosses at least one flush
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
-        x = inputs(g, 5, H, Hk, Dv, Dk)
+        x = inputs(g, 5, H, Hk, Dv, Dk, views=step % 2 == 0)   # SGLang's views and contiguous inputs
         ok = kgdn.decode(pk, layer, slots, **x, **par, method=method,
                          tuning=KernelTuning(num_warps=warps, stages=stages,
                                              flush_block_k=16 if read_copy == "fp8" else None))
@@ -100,7 +105,7 @@ def test_conventional_decode():
     state = torch.randn(7, H, Dv, Dk, generator=g).to(DEV)
     before = state.clone()
     slots = torch.tensor([5, 2, 0, 6], dtype=torch.int32, device=DEV)
-    x = inputs(g, 4, H, Hk, Dv, Dk)
+    x = inputs(g, 4, H, Hk, Dv, Dk, views=True)
     par = params(g, H)
     out = kgdn.conventional_decode(state, slots, **x, **par)
     ro, rs = rgdn.conventional_step(before[slots.long()], **x, **par)
@@ -125,7 +130,7 @@ def test_verify_then_commit(tree, read_copy, method, dk):
     slots_l = [6, 1, 4, 3]
     slots = torch.tensor(slots_l + [0], dtype=torch.int32, device=DEV)
     T = 4
-    x = inputs(g, 5, H, Hk, Dv, Dk, T=T)
+    x = inputs(g, 5, H, Hk, Dv, Dk, T=T, views=method != "fma" or tree)
     parents = None
     if tree:
         trees = [[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 2], [-1, 0, 0, 2], [-1, 0, 1, 2]]

@@ -7,13 +7,19 @@ from sglang_replayssm.kernels import kda as kkda
 from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import kda as rkda
 
-from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
+from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, projection_views, snapshot
 from .test_gdn import compare_pools
 
 
-def inputs(g, B, H, Hk, Dv, Dk):
+def inputs(g, B, H, Hk, Dv, Dk, T=None, views=False):
+    """views: q, k, v as split views of one projection, as SGLang hands them out (read by token rows)."""
+    lead = (B,) if T is None else (B, T)
     r = lambda *s: torch.randn(*s, generator=g).to(DEV)
-    return dict(q=r(B, Hk, Dk), k=r(B, Hk, Dk), v=r(B, H, Dv), a=r(B, H, Dk), b=r(B, H))
+    if views:
+        qkv = projection_views(g, lead, dict(q=(Hk, Dk), k=(Hk, Dk), v=(H, Dv)))
+        assert not any(t.is_contiguous() for t in qkv.values())
+        return dict(**qkv, a=r(*lead, H, Dk), b=r(*lead, H))
+    return dict(q=r(*lead, Hk, Dk), k=r(*lead, Hk, Dk), v=r(*lead, H, Dv), a=r(*lead, H, Dk), b=r(*lead, H))
 
 
 def params(g, H, Dk):
@@ -37,7 +43,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, shared, stages, method)
     for step in range(6):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
-        x = inputs(g, 4, H, Hk, Dv, Dk)
+        x = inputs(g, 4, H, Hk, Dv, Dk, views=step % 2 == 0)   # SGLang's views and contiguous inputs
         ok = kkda.decode(pk, 1, slots, **x, **par, method=method,
                          tuning=KernelTuning(stages=stages, flush_block_k=16 if read_copy == "fp8" else None))
         orf = rkda.decode(pr, 1, slots, **x, **par)
@@ -68,7 +74,7 @@ def test_conventional_decode():
     state = torch.randn(6, H, Dv, Dk, generator=g).to(DEV)
     before = state.clone()
     slots = torch.tensor([3, 0, 5], dtype=torch.int32, device=DEV)
-    x = inputs(g, 3, H, Hk, Dv, Dk)
+    x = inputs(g, 3, H, Hk, Dv, Dk, views=True)
     par = params(g, H, Dk)
     out = kkda.conventional_decode(state, slots, **x, **par)
     ro, rs = rkda.conventional_step(before[slots.long()], **x, **par)
@@ -93,8 +99,7 @@ def test_verify_then_commit(tree, read_copy, method, dk, T):
     par = params(g, H, Dk)
     slots_l = [3, 6, 1]
     slots = torch.tensor(slots_l + [0], dtype=torch.int32, device=DEV)
-    r = lambda *s: torch.randn(*s, generator=g).to(DEV)
-    x = dict(q=r(4, T, Hk, Dk), k=r(4, T, Hk, Dk), v=r(4, T, H, Dv), a=r(4, T, H, Dk), b=r(4, T, H))
+    x = inputs(g, 4, H, Hk, Dv, Dk, T=T, views=tree or method == "mma")
     trees = [[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 1], [-1, 0, 1, 2]]
     parents = torch.tensor(trees, dtype=torch.int32, device=DEV) if tree else None
     for p in (pk, pr):

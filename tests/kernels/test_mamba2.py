@@ -7,13 +7,20 @@ from sglang_replayssm.kernels import mamba2 as km2
 from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import mamba2 as rm2
 
-from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
+from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, projection_views, snapshot
 from .test_gdn import compare_pools
 
 
-def inputs(g, B, H, G, P, N, z=True, dtype=torch.float32):
+def inputs(g, B, H, G, P, N, z=True, dtype=torch.float32, T=None, views=False):
+    """views: x, dt, B, C, z as split views of one projection, as the mixer hands them out (read by token rows)."""
+    lead = (B,) if T is None else (B, T)
+    if views:
+        parts = dict(x=(H, P), dt=(H,), B=(G, N), C=(G, N), z=(H, P))
+        out = projection_views(g, lead, parts, dtype)
+        assert not any(t.is_contiguous() for t in out.values())
+        return {**out, "z": out["z"] if z else None}
     r = lambda *s: torch.randn(*s, generator=g).to(DEV, dtype)
-    return dict(x=r(B, H, P), dt=r(B, H), B=r(B, G, N), C=r(B, G, N), z=r(B, H, P) if z else None)
+    return dict(x=r(*lead, H, P), dt=r(*lead, H), B=r(*lead, G, N), C=r(*lead, G, N), z=r(*lead, H, P) if z else None)
 
 
 def params(g, H):
@@ -39,7 +46,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, z, warps, stages, metho
     for step in range(6):
         before = snapshot(pk)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
-        x = inputs(g, 4, H, G, P, N, z=z)
+        x = inputs(g, 4, H, G, P, N, z=z, views=step % 2 == 0)   # the mixer's views and contiguous inputs
         yk = km2.decode(pk, layer, slots, **x, **par, method=method,
                         tuning=KernelTuning(num_warps=warps, stages=stages,
                                             flush_block_k=16 if read_copy == "fp8" else None))
@@ -59,7 +66,7 @@ def test_conventional_decode():
     state = torch.randn(7, H, P, N, generator=g).to(DEV)
     before = state.clone()
     slots = torch.tensor([4, 0, 1], dtype=torch.int32, device=DEV)
-    x = inputs(g, 3, H, G, P, N)
+    x = inputs(g, 3, H, G, P, N, views=True)
     par = params(g, H)
     out = km2.conventional_decode(state, slots, **x, **par)
     ro, rs = rm2.conventional_step(before[slots.long()], **x, **par)
@@ -118,8 +125,7 @@ def test_verify_then_commit(tree, read_copy, method):
     slots_l = [5, 2, 6]
     slots = torch.tensor(slots_l + [0], dtype=torch.int32, device=DEV)
     T = 4
-    r = lambda *s: torch.randn(*s, generator=g).to(DEV)
-    x = dict(x=r(4, T, H, P), dt=r(4, T, H), B=r(4, T, G, N), C=r(4, T, G, N), z=r(4, T, H, P))
+    x = inputs(g, 4, H, G, P, N, T=T, views=tree)
     trees = [[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 1], [-1, 0, 1, 2]]
     parents = torch.tensor(trees, dtype=torch.int32, device=DEV) if tree else None
     for p in (pk, pr):

@@ -84,10 +84,15 @@ class _PrefillMixer:
 
 
 def _m2_inputs(B, T=None):
+    """x, dt, B, C as MambaMixer2 hands them out: x, B, C split out of one conv output, dt a slice of the projection
+    (views whose token rows are a row of those apart; the kernels read them in place)."""
     H, P, N, G = M2["H"], M2["P"], M2["N"], M2["G"]
     lead = (B,) if T is None else (B, T)
-    return (torch.randn(*lead, H, P), torch.randn(*lead, H) * 0.5, torch.randn(*lead, G, N) * 0.5,
-            torch.randn(*lead, G, N) * 0.5)
+    xbc = torch.randn(*lead, H * P + 2 * G * N)
+    xbc[..., H * P:] *= 0.5
+    x, b, c = torch.split(xbc, [H * P, G * N, G * N], dim=-1)
+    dt = torch.randn(*lead, 2 * H)[..., :H] * 0.5
+    return x.reshape(*lead, H, P), dt, b.reshape(*lead, G, N), c.reshape(*lead, G, N)
 
 
 def _m2_call(layer_cache, idx, x, dt, Bm, Cm, A, D, dt_bias, out):
@@ -278,8 +283,11 @@ def test_delta_decode_verify_tree_commit_match_conventional(family, ops):
         be.init_forward_metadata(_batch(ForwardMode.TARGET_VERIFY, slots, req_pool, spec, T))
         assert pool.verify_parents.tolist() == [parents, parents]
         q, k, v, a, b = _delta_inputs(family, 2, T)
-        out = disp.target_verify(A_log, dt_bias, q.flatten(0, 1)[None], k.flatten(0, 1)[None],
-                                 v.flatten(0, 1)[None], a.flatten(0, 1), b.flatten(0, 1),
+        # as GDNAttnBackend.forward_extend hands them out: views split out of the conv output (read in place)
+        mixed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1).flatten(0, 1)
+        qv, kv, vv = torch.split(mixed, [q[0, 0].numel(), k[0, 0].numel(), v[0, 0].numel()], dim=-1)
+        out = disp.target_verify(A_log, dt_bias, qv.view(1, 2 * T, *q.shape[2:]), kv.view(1, 2 * T, *k.shape[2:]),
+                                 vv.view(1, 2 * T, *v.shape[2:]), a.flatten(0, 1), b.flatten(0, 1),
                                  ssm_states=cache.temporal, cache_indices=be.forward_metadata.mamba_cache_indices,
                                  query_start_loc=None, intermediate_states_buffer=None,
                                  intermediate_state_indices=None, cache_steps=T, retrieve_parent_token=None)

@@ -3,8 +3,8 @@ Triton kernels under the interpreter: aten ops that launch a kernel + Triton lau
 one launch on the host's critical path, so an op that creeps back into a per-layer hook (multiplied by the model's
 SSM layers) or into a step's metadata, settle or commit fails here. GDN: the decode, the prefill, the chain and tree
 verify and the tree verify with extra_buffer track slots (whose metadata hook and commit are the family-independent
-parts; Mamba-2's per-layer hook differs by one op, the copy into SGLang's output buffer, and is measured by the
-bench)."""
+parts); Mamba-2: the per-layer hook of a decode and a tree verify (the kernel alone: it reads the mixer's split views
+and writes SGLang's output buffer)."""
 from __future__ import annotations
 
 import importlib.util
@@ -40,11 +40,22 @@ def test_plugin_step_op_counts_stay_within_bounds(monkeypatch):
     assert by_op["verify_tree"]["commit"] == {
         "index": 1, "triton:_commit_prep_kernel": 1, "triton:_compact_kernel": 1, "triton:_fold_kernel": 1,
         "triton:_advance_kernel": 1, "triton:sglang:fused_mamba_state_scatter_with_mask": 1}, counts
-    # (per step, per layer, host reads): per layer the q, k, v copies of SGLang's split views + the decode / verify
-    # kernel; a prefill layer launches nothing without a read copy; per step: the slot conversion, the note, the
-    # advance (decode), the flush (prefill), the tree parents + the commit (verify); with track slots the commit adds
+    # (per step, per layer, host reads): per layer the decode / verify kernel alone (it reads SGLang's split views of
+    # q, k, v by token rows: no copies); a prefill layer launches nothing without a read copy; per step: the slot
+    # conversion, the note, the advance (decode), the flush (prefill), the tree parents + the commit (verify); with
+    # track slots the commit adds
     # the slot copy (one launch per pool tensor), the track slot's commit and conv rollback, and SGLang's own boundary
     # steps (_verify_commit_step_indices, ~20 ops)
-    bounds = {"decode": (3, 4, 0), "prefill": (3, 0, 0), "verify_chain": (6, 4, 0), "verify_tree": (8, 4, 0),
-              "verify_tree_track": (37, 4, 0)}
+    bounds = {"decode": (3, 1, 0), "prefill": (3, 0, 0), "verify_chain": (6, 1, 0), "verify_tree": (8, 1, 0),
+              "verify_tree_track": (37, 1, 0)}
     assert all(got[n][i] <= bounds[n][i] for n in bounds for i in range(3)), (got, counts)
+
+
+def test_mamba2_layer_hook_is_one_launch(monkeypatch):
+    from sglang_replayssm.sglang_plugin.options import OPS_ENV
+
+    monkeypatch.setenv(OPS_ENV, "kernels")
+    counts = _bench().count_family("mamba2", steps=("decode", "verify_tree"))
+    layer = {name: c["by_entry"]["layer"]["by_op"] for name, c in counts.items()}
+    assert layer == {"decode": {"triton:_m2_decode_kernel": 1}, "verify_tree": {"triton:_m2_verify_mma_kernel": 1}}, counts
+    assert all(c["per_layer"] == 1 and c["host_reads"] == 0 for c in counts.values()), counts

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..checks import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
-                      output_tensor)
+                      output_tensor, token_inputs)
 from ..constants import INTERPRET, RC_NVFP4
 from ..fold import _fold_kernel, commit as commit_records, fold as fold_records, fold_store, fold_tile_store
 from ..layer_views import LayerViews
@@ -35,17 +35,18 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
                     WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
                     INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr,
-                    NUM_STAGES: tl.constexpr):
-    """The body of _gdn_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
+                    NUM_STAGES: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
+    """The body of _gdn_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
+    QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    q_row = q_ptr + (i_b * HK + i_hk) * K
-    k_row = k_ptr + (i_b * HK + i_hk) * K
+    q_row = q_ptr + i_b * QK_ROW + i_hk * K
+    k_row = k_ptr + i_b * QK_ROW + i_hk * K
     rq, rk, kq, g, beta = _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
                                        H, K, EPS)
     alpha = tl.exp(g)
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
@@ -104,8 +105,8 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        recg_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                       EPS: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr,
-                       FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
+                       EPS: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, QK_ROW: tl.constexpr,
+                       V_ROW: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
                        FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
@@ -117,18 +118,18 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
             _gdn_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
                             slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                             reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
-                            CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES)
+                            CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
     else:
         _gdn_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                         cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                         scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS,
-                        INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES)
+                        INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
 
 
 @triton.jit
 def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_ptr, scale,
                             HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
-                            BR: tl.constexpr, EPS: tl.constexpr):
+                            BR: tl.constexpr, EPS: tl.constexpr, QK_ROW: tl.constexpr):
     """Split decode, stage 1, one program per (row, k-head) of a non-flush row: the q/k normalisers,
     k.q and the committed keys' products K_r q, K_r k, shared by the group's value heads and value
     blocks -> prep row [K_r q (BR) | K_r k (BR) | k.q | rq | rk]; and the token's k record."""
@@ -138,8 +139,8 @@ def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_
     cur = tl.load(cursor_ptr + slot)
     if cur + 1 >= WINDOW:
         return
-    q_row = q_ptr + (i_b * HK + i_hk) * K
-    k_row = k_ptr + (i_b * HK + i_hk) * K
+    q_row = q_ptr + i_b * QK_ROW + i_hk * K
+    k_row = k_ptr + i_b * QK_ROW + i_hk * K
     o_k = tl.arange(0, K)
     qf = tl.load(q_row + o_k).to(tl.float32)
     kf = tl.load(k_row + o_k).to(tl.float32)
@@ -161,7 +162,8 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
                             ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr, H: tl.constexpr,
                             HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
                             BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                            REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr = None):
+                            REDUCE_ONCE: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
+                            NUM_STAGES: tl.constexpr = None):
     """Split decode, stage 2, non-flush rows: the state pass (S q, S k from the checkpoint or its read
     copy) with the record products from stage 1, then d, the output, the d and g records."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
@@ -173,10 +175,10 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
     g = _gdn_gate(av, alog_ptr, dtb_ptr, i_h)
     alpha = tl.exp(g)
     beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     sq0, sk0, _kq, _kk = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
-                                     mask_v, q_ptr + (i_b * HK + i_hk) * K, k_ptr + (i_b * HK + i_hk) * K,
+                                     mask_v, q_ptr + i_b * QK_ROW + i_hk * K, k_ptr + i_b * QK_ROW + i_hk * K,
                                      tl.load(p + 2 * BR + 1), tl.load(p + 2 * BR + 2), recd_ptr, o_r, mask_r,  # no keys read
                                      HK * K, K, BKC, BV, BR, READ_COPY, True, REDUCE_ONCE, NUM_STAGES, False)
     d, o = _gdn_out(sq0, sk0, tl.load(p + o_r), tl.load(p + BR + o_r), alpha, gam, Dr, w, beta, vv,
@@ -191,11 +193,13 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
 def _gdn_conventional_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                      state_ptr, scale,
                      H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     BV: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr):
+                     BV: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr, QK_ROW: tl.constexpr,
+                     V_ROW: tl.constexpr):
     i_v, i_h, i_b, o_v, mask_v, o_k, mask_k, offs, mask2, S = state_tile(slots_ptr, state_ptr, H, K, V, BV, BK)
     i_hk = i_h // (H // HK)
     qv, kv, vv, g, beta = _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b,
-                                     i_h, i_hk, o_k, mask_k, o_v, mask_v, scale, H, HK, K, V, EPS)
+                                     i_h, i_hk, o_k, mask_k, o_v, mask_v, scale, H, HK, K, V, EPS, QK_ROW,
+                                     V_ROW)
     S = S * tl.exp(g)
     d = beta * (vv - tl.sum(S * kv[None, :], axis=1))
     S = S + d[:, None] * kv[None, :]
@@ -225,6 +229,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
     check(lv.R >= lv.window, f"ring capacity {lv.R} < window {lv.window}")
+    q, k, v, qk_row, v_row = token_inputs(q, k, v, lead=1)
     scale = Dk ** -0.5 if scale is None else float(scale)
     out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
@@ -255,20 +260,21 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             scale=scale, seed=lv.seed, layer=lv.layer, min_rows=min_rows,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(Dk), BR=BR,
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
-            REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, FLUSH_BLOCK_K=fbk, NUM_STAGES=check_stages(stages),
-            FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
+            REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, QK_ROW=qk_row, V_ROW=v_row, FLUSH_BLOCK_K=fbk,
+            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
         _gdn_decode_prep_kernel[(Hk, B)](q_ptr=q, k_ptr=k, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,
                                          prep_ptr=prep, scale=scale, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR,
-                                         EPS=L2_EPS, num_warps=PREP_WARPS)
+                                         EPS=L2_EPS, QK_ROW=qk_row, num_warps=PREP_WARPS)
         rbv, rnw = _block_v(Dv, block_v), num_warps or default_warps(B, H)
         _gdn_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
             q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out,
             slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs,
             recd_ptr=lv.rec_d, recg_ptr=lv.rec_g, prep_ptr=prep,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR,
-            READ_COPY=lv.rc_mode, REDUCE_ONCE=rnw >= 4, NUM_STAGES=check_stages(stages), num_warps=rnw)
+            READ_COPY=lv.rc_mode, REDUCE_ONCE=rnw >= 4, QK_ROW=qk_row, V_ROW=v_row, NUM_STAGES=check_stages(stages),
+            num_warps=rnw)
     join_stream(side)
     return out
 
@@ -284,6 +290,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     B = check_slots(slots, state.device, state.shape[0])
     Hk = q.shape[1] if q.dim() == 3 else -1
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, state.device)
+    q, k, v, qk_row, v_row = token_inputs(q, k, v, lead=1)
     scale = Dk ** -0.5 if scale is None else float(scale)
     out = output_tensor(out, (B, H, Dv), v, state.device)
     if B == 0:
@@ -291,8 +298,8 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     BV = _block_v(Dv, tuning.block_v)
     _gdn_conventional_kernel[(triton.cdiv(Dv, BV), H, B)](
         q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out, slots_ptr=slots,
-        state_ptr=state, scale=scale, H=H, HK=Hk, K=Dk, V=Dv, BV=BV, BK=next_pow2(Dk), EPS=L2_EPS,
-        num_warps=tuning.num_warps or 4)
+        state_ptr=state, scale=scale, H=H, HK=Hk, K=Dk, V=Dv, BV=BV, BK=next_pow2(Dk), EPS=L2_EPS, QK_ROW=qk_row,
+        V_ROW=v_row, num_warps=tuning.num_warps or 4)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..checks import check, check_block_v, check_tensor, next_pow2
+from ..checks import check, check_block_v, check_rows, check_tensor, next_pow2
 from ..math_helpers import softplus
 
 
@@ -37,12 +37,12 @@ def _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
 @triton.jit
 def _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, i_hk, o_k, mask_k,
                o_v, mask_v, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
-               V: tl.constexpr, EPS: tl.constexpr):
-    qv = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-    kv = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+               V: tl.constexpr, EPS: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
+    qv = tl.load(q_ptr + i_b * QK_ROW + i_hk * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    kv = tl.load(k_ptr + i_b * QK_ROW + i_hk * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
     qv = qv * (scale / tl.sqrt(tl.sum(qv * qv, axis=0) + EPS))
     kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + EPS)
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     av = tl.load(a_ptr + i_b * H + i_h).to(tl.float32)
     bv = tl.load(b_ptr + i_b * H + i_h).to(tl.float32)
     g = _gdn_gate(av, alog_ptr, dtb_ptr, i_h)
@@ -50,10 +50,11 @@ def _gdn_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, i
 
 
 def _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, device, T=None):
+    """The token inputs' checks; q, k, v may be views read by token rows (checks.token_rows)."""
     lead = (B,) if T is None else (B, T)
-    check_tensor("q", q, shape=lead + (Hk, Dk), device=device)
-    check_tensor("k", k, shape=lead + (Hk, Dk), device=device)
-    check_tensor("v", v, shape=lead + (H, Dv), device=device)
+    check_rows("q", q, shape=lead + (Hk, Dk), device=device)
+    check_rows("k", k, shape=lead + (Hk, Dk), device=device)
+    check_rows("v", v, shape=lead + (H, Dv), device=device)
     check_tensor("a", a, shape=lead + (H,), device=device)
     check_tensor("b", b, shape=lead + (H,), device=device)
     check_tensor("A_log", A_log, shape=(H,), device=device)

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ...device_info import sm_count
-from ..checks import check, check_slots, check_tensor, launch_stages, next_pow2, output_tensor
+from ..checks import check, check_slots, check_tensor, launch_stages, next_pow2, output_tensor, token_inputs
 from ..drafts import (delta_solve, draft_chunk, draft_inv_norms, draft_structure, gram_update, stacked_draft_pass,
                       stacked_halves, store_draft_d)
 from ..layer_views import LayerViews
@@ -22,12 +22,12 @@ def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
                        recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
                        mask_v, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                       HAS_PARENTS: tl.constexpr):
+                       HAS_PARENTS: tl.constexpr, V_ROW: tl.constexpr):
     """The drafts' part of a GDN verify, given Sc q_t (SQ), Sc k_t (SK) [BT, BV] of the committed
     state Sc and the drafts' Gram products q_t.k_i (QK), k_t.k_i (KK): gates, the path decays,
     the within-draft delta rule by forward substitution (topological order), the outputs and the T
     draft records (d, g, and the normalised k = k_row * rk) at ring positions cursor.."""
-    Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
+    Vd = tl.load(v_ptr + tok[:, None] * V_ROW + i_h * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
     bv = tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
@@ -60,7 +60,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
     """Output-only verify of T drafts (chain or tree): O = exp(G) Sc Q + (E * QK^T) Dd, with the
     draft d's from the within-draft delta-rule solve; writes the T draft records at cursor..
     All products are exact fp32 elementwise/broadcast sums over column chunks (T is small:
@@ -70,7 +70,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
-    qk_rows = (tok * HK + i_hk) * K
+    qk_rows = tok * QK_ROW + i_hk * K
     rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
     # one pass over the checkpoint (read copy) and the committed keys
     head_rows = (slot * H + i_h) * V
@@ -94,7 +94,7 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
                        recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
-                       mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
+                       mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS, V_ROW)
 
 
 @triton.jit
@@ -104,7 +104,8 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                            BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                           QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
     """The same verify as _gdn_verify_kernel, with the state-sized products on tensor cores: the
     drafts' q (rows 0..BT-1) and k (rows BT..2BT-1) are stacked into one operand X (BT >= 8, so
     X has >= 16 rows) and S0 X^T, K_r X^T, X X^T are three dots per column chunk (3xTF32 default),
@@ -120,7 +121,7 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     # one pass over the raw rows (q, then k) and their norms; the normalisation scales the products after
     S0X, KrX, XX, nx, is_q = stacked_draft_pass(q_ptr, k_ptr, i_b, i_hk, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
                                                 slot * H + i_h, o_v, mask_v, reck_base, o_r, mask_r, HK, K, T, BT,
-                                                BV, BKC, BR, READ_COPY, DOT_PRECISION, True)
+                                                BV, BKC, BR, READ_COPY, DOT_PRECISION, True, QK_ROW)
     rx = tl.where(is_q, scale, 1.0) / tl.sqrt(nx + EPS)
     S0X = S0X * rx[:, None]
     KrX = KrX * rx[None, :]
@@ -131,14 +132,15 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     SQ, SK, QK, KK = stacked_halves(SX, XX, BT, BV)
     _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
-                       recd_ptr, recg_ptr, reck_base, (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t,
-                       mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
+                       recd_ptr, recg_ptr, reck_base, tok * QK_ROW + i_hk * K, tok, slot, cur, i_b, i_h, i_v, o_t,
+                       mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS, V_ROW)
 
 
 @triton.jit
 def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_ptr, scale,
                            HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr, T: tl.constexpr,
-                           BT: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
+                           BT: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr,
+                           QK_ROW: tl.constexpr):
     """Split verify, stage 1, one program per (row, k-head): everything of a verify that does not
     touch the state or the value rows, computed once instead of in every (value head, value block)
     program: the drafts' q/k normalisers and the products K_r q_t, K_r k_t (committed keys x drafts)
@@ -152,7 +154,7 @@ def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_p
     mask_r = o_r < cur
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
-    qk_rows = ((i_b * T + o_t) * HK + i_hk) * K
+    qk_rows = (i_b * T + o_t) * QK_ROW + i_hk * K
     rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     KrQ = tl.zeros([BR, BT], dtype=tl.float32)
@@ -182,7 +184,7 @@ def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
                              H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                              R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                              BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                             HAS_PARENTS: tl.constexpr):
+                             HAS_PARENTS: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
     """Split verify, stage 2: the same result as _gdn_verify_kernel, whose state pass here only
     accumulates S0 q_t and S0 k_t elementwise (no reduction inside the loop); the record and draft
     products come from stage 1 (gram_ptr)."""
@@ -191,7 +193,7 @@ def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
-    qk_rows = (tok * HK + i_hk) * K
+    qk_rows = tok * QK_ROW + i_hk * K
     g = gram_ptr + (i_b * HK + i_hk) * (2 * BR * BT + 2 * BT * BT + 2 * BT)
     rq = tl.load(g + 2 * BR * BT + 2 * BT * BT + o_t)
     rk = tl.load(g + 2 * BR * BT + 2 * BT * BT + BT + o_t)
@@ -215,7 +217,7 @@ def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
                        recd_ptr, recg_ptr, reck_ptr + (slot * R * HK + i_hk) * K, qk_rows, tok, slot, cur, i_b,
-                       i_h, i_v, o_t, mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS)
+                       i_h, i_v, o_t, mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS, V_ROW)
 
 
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *, out=None, method=None,
@@ -238,6 +240,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     check(T >= 1, "verify needs at least one draft token (T >= 1)")
     check(lv.window - 1 + T <= lv.R, f"T={T} drafts do not fit the ring (capacity {lv.R}, window {lv.window})")
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device, T=T)
+    q, k, v, qk_row, v_row = token_inputs(q, k, v, lead=2)
     if parents is not None:
         check_tensor("parents", parents, shape=(B, T), dtype=torch.int32, device=lv.device)
     scale = Dk ** -0.5 if scale is None else float(scale)
@@ -256,13 +259,13 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
                 ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
                 recg_ptr=lv.rec_g,
                 H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BV=BV, BKC=BKC, BR=BR, READ_COPY=lv.rc_mode,
-                HAS_PARENTS=parents is not None, num_warps=num_warps)
+                HAS_PARENTS=parents is not None, QK_ROW=qk_row, V_ROW=v_row, num_warps=num_warps)
     if method == "split":  # record/draft products once per (row, k-head), then the state pass
         BT = next_pow2(T)
         gram = torch.empty((B, Hk, 2 * BR * BT + 2 * BT * BT + 2 * BT), dtype=torch.float32, device=lv.device)
         _gdn_draft_gram_kernel[(Hk, B)](q_ptr=q, k_ptr=k, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,
                                          gram_ptr=gram, scale=scale, HK=Hk, K=Dk, R=lv.R, T=T, BT=BT, BKC=BKC, BR=BR,
-                                         EPS=L2_EPS, num_warps=4)
+                                         EPS=L2_EPS, QK_ROW=qk_row, num_warps=4)
         _gdn_verify_split_kernel[grid](**args, gram_ptr=gram, BT=BT)
     elif method == "mma":  # tensor-core variant (3xTF32 on the GPU)
         _gdn_verify_mma_kernel[grid](**args, scale=scale, BT=max(8, next_pow2(T)), EPS=L2_EPS,

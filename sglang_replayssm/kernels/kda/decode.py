@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..checks import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
-                      output_tensor)
+                      output_tensor, token_inputs)
 from ..constants import FOLD_PREC, INTERPRET, RC_NVFP4
 from ..fold import commit as commit_records, fold as fold_records, fold_count, fold_layer_head
 from ..layer_views import LayerViews
@@ -62,13 +62,15 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                     WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
-                    INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1))."""
+                    INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                    QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
+    """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
+    QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
-    q_row = q_ptr + (i_b * HK + i_hk) * K
-    k_row = k_ptr + (i_b * HK + i_hk) * K
+    q_row = q_ptr + i_b * QK_ROW + i_hk * K
+    k_row = k_ptr + i_b * QK_ROW + i_hk * K
     a_row = a_ptr + (i_b * H + i_h) * K
     dtb_row = dtb_ptr + i_h * K
     alog = tl.load(alog_ptr + i_h).to(tl.float32)
@@ -79,7 +81,7 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
     kq = tl.sum(qf * kf, axis=0) * rq * rk
     beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
                  mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     head_rows = (slot * H + i_h) * V
@@ -130,7 +132,8 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        recg_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                       EPS: tl.constexpr, INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0,
+                       EPS: tl.constexpr, INTERPRET: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
+                       FLUSH_BLOCK_K: tl.constexpr = 0,
                        NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
                        FLUSH_ONLY: tl.constexpr = False):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
@@ -143,18 +146,18 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
             _kda_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
                             slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                             reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
-                            CKPT_SR, SHARED_QUANT, EPS, INTERPRET, FLUSH_BLOCK_K, NUM_STAGES)
+                            CKPT_SR, SHARED_QUANT, EPS, INTERPRET, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
     else:
         _kda_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                         cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                         scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS,
-                        INTERPRET, FLUSH_BLOCK_K, NUM_STAGES)
+                        INTERPRET, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
 
 
 @triton.jit
 def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, cursor_ptr, reck_ptr, recg_ptr,
                             prep_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
-                            WINDOW: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr):
+                            WINDOW: tl.constexpr, BR: tl.constexpr, EPS: tl.constexpr, QK_ROW: tl.constexpr):
     """Split decode, stage 1, one program per (row, head) of a non-flush row: everything that does
     not involve the state or the value rows, once instead of in every value block. With G the
     records' cumulative log-decay per channel, W_j = exp(G - G_j) and alpha the token's decay:
@@ -171,10 +174,10 @@ def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots
     o_r = tl.arange(0, BR)
     mask_r = o_r < cur
     o_k = tl.arange(0, K)
-    k_row = k_ptr + (i_b * HK + i_hk) * K
+    k_row = k_ptr + i_b * QK_ROW + i_hk * K
     a_row = a_ptr + (i_b * H + i_h) * K
     alog = tl.load(alog_ptr + i_h).to(tl.float32)
-    qf = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    qf = tl.load(q_ptr + i_b * QK_ROW + i_hk * K + o_k).to(tl.float32)
     kf = tl.load(k_row + o_k).to(tl.float32)
     rq = scale / tl.sqrt(tl.sum(qf * qf, axis=0) + EPS)
     rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
@@ -199,7 +202,8 @@ def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots
 def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                             prep_ptr, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                             R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                            BR: tl.constexpr, READ_COPY: tl.constexpr, NUM_STAGES: tl.constexpr = None):
+                            BR: tl.constexpr, READ_COPY: tl.constexpr, V_ROW: tl.constexpr,
+                            NUM_STAGES: tl.constexpr = None):
     """Split decode, stage 2, non-flush rows: S u and S w from the checkpoint (or its read copy) as
     a GDN decode does, the records' share from stage 1's kq_j / kk_j, then d = beta (v - S'k),
     o = S'q + d k.q, and the d record."""
@@ -220,7 +224,7 @@ def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_
                  mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     sq = sq + tl.sum(Dr * tl.load(p + 2 * K + o_r)[:, None], axis=0)
     sk = sk + tl.sum(Dr * tl.load(p + 2 * K + BR + o_r)[:, None], axis=0)
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     d = tl.load(p + 2 * K + 2 * BR + 1) * (vv - sk)
     o = sq + d * tl.load(p + 2 * K + 2 * BR)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
@@ -263,7 +267,8 @@ def _kda_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc
 @triton.jit
 def _kda_conventional_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                      state_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
-                     V: tl.constexpr, BV: tl.constexpr, EPS: tl.constexpr):
+                     V: tl.constexpr, BV: tl.constexpr, EPS: tl.constexpr, QK_ROW: tl.constexpr,
+                     V_ROW: tl.constexpr):
     i_v = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b = tl.program_id(2)
@@ -274,11 +279,11 @@ def _kda_conventional_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     mask_v = o_v < V
     offs = ((slot * H + i_h) * V + o_v[:, None]) * K + o_k[None, :]
     S = tl.load(state_ptr + offs, mask=mask_v[:, None], other=0.0).to(tl.float32)
-    qv = tl.load(q_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
-    kv = tl.load(k_ptr + (i_b * HK + i_hk) * K + o_k).to(tl.float32)
+    qv = tl.load(q_ptr + i_b * QK_ROW + i_hk * K + o_k).to(tl.float32)
+    kv = tl.load(k_ptr + i_b * QK_ROW + i_hk * K + o_k).to(tl.float32)
     qv = qv * (scale / tl.sqrt(tl.sum(qv * qv, axis=0) + EPS))
     kv = kv / tl.sqrt(tl.sum(kv * kv, axis=0) + EPS)
-    vv = tl.load(v_ptr + (i_b * H + i_h) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     g = -tl.exp(tl.load(alog_ptr + i_h).to(tl.float32)) * softplus(
         tl.load(a_ptr + (i_b * H + i_h) * K + o_k).to(tl.float32) + tl.load(dtb_ptr + i_h * K + o_k).to(tl.float32))
     beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
@@ -306,6 +311,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
+    q, k, v, qk_row, v_row = token_inputs(q, k, v, lead=1)
     scale = Dk ** -0.5 if scale is None else float(scale)
     out = output_tensor(out, (B, H, Dv), v, lv.device)
     if B == 0:
@@ -335,20 +341,21 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             scale=scale, seed=lv.seed, layer=lv.layer, min_rows=min_rows,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(Dk), BR=BR,
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
-            FLUSH_BLOCK_K=fbk, NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split",
-            num_warps=nw)
+            QK_ROW=qk_row, V_ROW=v_row, FLUSH_BLOCK_K=fbk, NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp,
+            FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
         _kda_decode_prep_kernel[(H, B)](q_ptr=q, k_ptr=k, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
                                         slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g,
                                         prep_ptr=prep, scale=scale, H=H, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR,
-                                        EPS=L2_EPS, num_warps=PREP_WARPS)
+                                        EPS=L2_EPS, QK_ROW=qk_row, num_warps=PREP_WARPS)
         rbv = _block_v(Dv, block_v)
         rnw = num_warps or default_warps(B, H)
         _kda_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
             v_ptr=v, out_ptr=out, slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs,
             rgs_ptr=rgs, recd_ptr=lv.rec_d, prep_ptr=prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv,
-            BKC=block_k or chunk_k(Dk), BR=BR, READ_COPY=lv.rc_mode, NUM_STAGES=check_stages(stages), num_warps=rnw)
+            BKC=block_k or chunk_k(Dk), BR=BR, READ_COPY=lv.rc_mode, V_ROW=v_row, NUM_STAGES=check_stages(stages),
+            num_warps=rnw)
     join_stream(side)
     return out
 
@@ -363,6 +370,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     B = check_slots(slots, state.device, state.shape[0])
     Hk = q.shape[1] if q.dim() == 3 else -1
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, state.device)
+    q, k, v, qk_row, v_row = token_inputs(q, k, v, lead=1)
     scale = Dk ** -0.5 if scale is None else float(scale)
     out = output_tensor(out, (B, H, Dv), v, state.device)
     if B == 0:
@@ -370,7 +378,8 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     BV = _block_v(Dv, tuning.block_v)
     _kda_conventional_kernel[(triton.cdiv(Dv, BV), H, B)](
         q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out, slots_ptr=slots,
-        state_ptr=state, scale=scale, H=H, HK=Hk, K=Dk, V=Dv, BV=BV, EPS=L2_EPS, num_warps=tuning.num_warps or 4)
+        state_ptr=state, scale=scale, H=H, HK=Hk, K=Dk, V=Dv, BV=BV, EPS=L2_EPS, QK_ROW=qk_row, V_ROW=v_row,
+        num_warps=tuning.num_warps or 4)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..checks import check, check_block_v, check_tensor
+from ..checks import check, check_block_v, check_rows, check_tensor
 from ..math_helpers import softplus
 
 
@@ -30,10 +30,11 @@ def _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, d
 
 
 def _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, device, T=None):
+    """The token inputs' checks; q, k, v may be views read by token rows (checks.token_rows)."""
     lead = (B,) if T is None else (B, T)
-    check_tensor("q", q, shape=lead + (Hk, Dk), device=device)
-    check_tensor("k", k, shape=lead + (Hk, Dk), device=device)
-    check_tensor("v", v, shape=lead + (H, Dv), device=device)
+    check_rows("q", q, shape=lead + (Hk, Dk), device=device)
+    check_rows("k", k, shape=lead + (Hk, Dk), device=device)
+    check_rows("v", v, shape=lead + (H, Dv), device=device)
     check_tensor("a", a, shape=lead + (H, Dk), device=device)
     check_tensor("b", b, shape=lead + (H,), device=device)
     check_tensor("A_log", A_log, shape=(H,), device=device)

@@ -5,7 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import check, check_block_k, check_slots, check_tensor, chunk_k, launch_stages, next_pow2, output_tensor
+from ..checks import (check, check_block_k, check_slots, check_tensor, chunk_k, launch_stages, next_pow2,
+                      output_tensor, token_inputs)
 from ..drafts import delta_solve, draft_chunk, draft_inv_norms, draft_structure, store_draft_d
 from ..layer_views import LayerViews
 from ..math_helpers import softplus
@@ -19,14 +20,14 @@ from .token import _check_inputs, _kda_chunk, L2_EPS
 @triton.jit
 def _kda_drafts_setup(q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK: tl.constexpr, K: tl.constexpr,
                       T: tl.constexpr, BT: tl.constexpr, BKC: tl.constexpr, HAS_PARENTS: tl.constexpr,
-                      EPS: tl.constexpr):
+                      EPS: tl.constexpr, QK_ROW: tl.constexpr):
     """What both KDA verify kernels start from: the drafts' index vector o_t, mask and token rows, the
     q/k row offsets, A_log of head i_h, the q/k normalisers, and the draft tree's ancestor-or-self and
     strict-ancestor masks [t, i, 1]."""
     o_t = tl.arange(0, BT)
     mask_t = o_t < T
     tok = i_b * T + o_t
-    qk_rows = (tok * HK + i_hk) * K
+    qk_rows = tok * QK_ROW + i_hk * K
     alog = tl.load(alog_ptr + i_h).to(tl.float32)
     rq, rk = draft_inv_norms(q_ptr, k_ptr, qk_rows, mask_t, scale, K, BKC, BT, EPS)
     ANC, _lg = draft_structure(par_ptr + i_b * T, tl.zeros([BT], dtype=tl.float32), T, BT, HAS_PARENTS)
@@ -62,11 +63,11 @@ def _kda_draft_terms(q_ptr, k_ptr, a_ptr, dtb_ptr, recg_ptr, reck_base, qk_rows,
 def _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
                        recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                       T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr):
+                       T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, V_ROW: tl.constexpr):
     """The drafts' part of a KDA verify, given S'_t q_t (SQ) and S'_t k_t (SK) [BT, BV] of the
     committed state and the draft products PQ, PK (_kda_draft_terms): the within-draft delta rule by
     forward substitution, the outputs and the T draft records (d, g, normalised k) at cursor.."""
-    Vd = tl.load(v_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :],
+    Vd = tl.load(v_ptr + tok[:, None] * V_ROW + i_h * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     beta = tl.sigmoid(tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32))
     Dd = delta_solve(PK, Vd - SK, beta, o_t, T, BT, BV)
@@ -93,7 +94,7 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
-                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr):
+                       HAS_PARENTS: tl.constexpr, EPS: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
     """Output-only verify of T KDA drafts (chain or tree). Per key channel c, with G the committed
     records' cumulative log-decay and L_t the drafts' along the path to t:
     S'_t x = S0 (exp(G + L_t) x) + sum_j d_j (k_j exp(G - G_j + L_t)) . x
@@ -103,7 +104,7 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     o_t, mask_t, tok, qk_rows, alog, rq, rk, anc3, strict3 = _kda_drafts_setup(
-        q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS)
+        q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS, QK_ROW)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     aq = tl.zeros([BT, BV, BKC], dtype=tl.float32)
@@ -128,7 +129,7 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     SK = tl.sum(ak, axis=2) + tl.sum(KrK[:, :, None] * Dr[:, None, :], axis=0)
     _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
                        recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
-                       H, HK, K, V, R, T, BT, BV, BKC)
+                       H, HK, K, V, R, T, BT, BV, BKC, V_ROW)
 
 
 @triton.jit
@@ -174,7 +175,8 @@ def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                            T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                            READ_COPY: tl.constexpr, HAS_PARENTS: tl.constexpr, EPS: tl.constexpr,
-                           DOT_PRECISION: tl.constexpr, X_ROWS: tl.constexpr):
+                           DOT_PRECISION: tl.constexpr, X_ROWS: tl.constexpr, QK_ROW: tl.constexpr,
+                           V_ROW: tl.constexpr):
     """The same verify as _kda_verify_kernel, with the state-sized products on tensor cores: per
     column chunk the drafts' q_t exp(L_t) (rows 0..BT-1) and k_t exp(L_t) (rows BT..2BT-1) are
     stacked into one operand X (zero rows up to X_ROWS = max(16, 2 BT), a dot's least), and
@@ -185,7 +187,7 @@ def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     o_t, mask_t, tok, qk_rows, alog, rq, rk, anc3, strict3 = _kda_drafts_setup(
-        q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS)
+        q_ptr, k_ptr, alog_ptr, par_ptr, scale, i_b, i_h, i_hk, HK, K, T, BT, BKC, HAS_PARENTS, EPS, QK_ROW)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
     S0X = tl.zeros([BV, X_ROWS], dtype=tl.float32)
@@ -209,7 +211,7 @@ def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     SQ, SK = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
     _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
                        recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
-                       H, HK, K, V, R, T, BT, BV, BKC)
+                       H, HK, K, V, R, T, BT, BV, BKC, V_ROW)
 
 
 def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parents=None, *, out=None, method=None,
@@ -232,6 +234,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     check(1 <= T and lv.window - 1 + T <= lv.R,
           f"T={T} drafts do not fit the ring (capacity {lv.R}, window {lv.window})")
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device, T=T)
+    q, k, v, qk_row, v_row = token_inputs(q, k, v, lead=2)
     if parents is not None:
         check_tensor("parents", parents, shape=(B, T), dtype=torch.int32, device=lv.device)
     method, BV, num_warps = verify_plan("kda", method, tuning)
@@ -254,5 +257,6 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
         recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, scale=scale,
         H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
         BKC=check_block_k(tuning.block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)),
-        READ_COPY=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS, num_warps=num_warps, **extra)
+        READ_COPY=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS, QK_ROW=qk_row, V_ROW=v_row,
+        num_warps=num_warps, **extra)
     return out
