@@ -180,7 +180,8 @@ def _m2_layer(req_pool, layer_id, idx, B, T=None):
 
     H, P = M2["H"], M2["P"]
     x, dt, Bm, Cm = _m2_inputs(B, T)
-    A, D, dt_bias = -torch.ones(H), torch.ones(H), torch.zeros(H)
+    # MambaMixer2's parameters: A and D fp32, dt_bias in the model's dtype (bf16 on a GPU)
+    A, D, dt_bias = -torch.ones(H), torch.ones(H), torch.zeros(H, dtype=torch.bfloat16)
     out = torch.empty(B, H, P) if T is None else torch.empty(B, T, H, P)
     return lambda: _m2_call(req_pool.mamba2_layer_cache(layer_id), idx, x, dt, Bm, Cm, A, D, dt_bias, out)
 

@@ -83,7 +83,7 @@ def _part_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, 
         S0X, KrX, XX, nx, is_q = stacked_draft_pass(q_ptr, k_ptr, i_b, i_hk, ckpt_ptr, ckpt_ptr, ckpt_ptr, ckpt_ptr,
                                                     head_rows, slot * H + i_h, o_v, mask_v,
                                                     reck_ptr + (slot * R * HK + i_hk) * K, o_r, mask_r, HK, K, T,
-                                                    BT, BV, BKC, BR, 0, PREC, True)
+                                                    BT, BV, BKC, BR, 0, PREC, True, HK * K)
         S0X += tl.sum(KrX, axis=0)[:, None] + tl.sum(XX, axis=0)[:, None] + nx[:, None]
         tl.store(out_rows[:, None] + o_v[None, :], S0X, mask=keep)
     else:  # finish: the verify without its state pass (products zero, but not known to the compiler)
@@ -101,7 +101,7 @@ def _part_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, 
         _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, out_ptr,
                                 k_ptr, recd_ptr, recg_ptr, reck_ptr + (slot * R * HK + i_hk) * K,
                                 (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t, o_t < T, o_v, mask_v,
-                                H, HK, K, V, R, T, BT, BV, BKC, False)
+                                H, HK, K, V, R, T, BT, BV, BKC, False, H * V)
 
 
 def _bench_kernels():

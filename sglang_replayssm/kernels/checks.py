@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 def check(cond: bool, msg: str) -> None:
     if not cond:
@@ -14,7 +13,7 @@ def check(cond: bool, msg: str) -> None:
 def check_tensor(name: str, t, shape=None, dtype=None, device=None, contiguous: bool = True) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
+    if shape is not None and t.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
     if dtype is not None:
         dts = dtype if isinstance(dtype, (tuple, list)) else (dtype,)
@@ -46,25 +45,42 @@ def _token_stride(t: torch.Tensor, lead: int):
     return None if 0 < row < inner else row
 
 
+def _row_plan(given: list, lead: int) -> tuple[int, bool]:
+    """token_rows' decision for tensors of these shapes and strides: (the row stride, whether to copy)."""
+    strides = [_token_stride(t, lead) for t in given]
+    found = {s for s in strides if s}
+    if None not in strides and len(found) <= 1:
+        if found:
+            return found.pop(), False
+        # single rows only: any stride reads them; the tensors' own when they agree
+        own = {t.stride(lead - 1) for t in given if t.stride(lead - 1) >= math.prod(t.shape[lead:])}
+        if len(own) == 1:
+            return own.pop(), False
+    return (math.prod(given[0].shape[lead:]) if given else 0), True
+
+
+_ROW_PLANS: dict = {}   # (lead, shapes and strides) -> _row_plan's answer: a step's layers repeat the same layouts
+
+
 def token_rows(*ts, lead: int):
     """Inputs a kernel reads one token row at a time (GDN q/k, v; Mamba-2 x, B/C, z, dt): SGLang hands them out
     as views of one projection ([*tokens, heads, dim], the rows a fixed stride apart), and a copy into a
     contiguous tensor would cost a launch per input per layer. Returns (tensors, row): the tensors as given when
     each one's trailing dims are contiguous and its `lead` token dims ([B] or [B, T]) step through its rows by
     one stride shared by all of them, else contiguous copies of all of them; row: that stride in elements (the
-    kernel's constexpr for this group). None entries pass through."""
+    kernel's constexpr for this group). None entries pass through. The decision depends on the shapes and
+    strides alone and is remembered for them (this runs once per input group per SSM layer per step)."""
     given = [t for t in ts if t is not None]
-    strides = [_token_stride(t, lead) for t in given]
-    found = {s for s in strides if s}
-    if None not in strides and len(found) <= 1:
-        if found:
-            return ts, found.pop()
-        # single rows only: any stride reads them; the tensors' own when they agree
-        own = {t.stride(lead - 1) for t in given if t.stride(lead - 1) >= math.prod(t.shape[lead:])}
-        if len(own) == 1:
-            return ts, own.pop()
-    ts = tuple(None if t is None else t.contiguous() for t in ts)
-    return ts, (math.prod(given[0].shape[lead:]) if given else 0)
+    key = (lead, *((t.shape, t.stride()) for t in given))
+    plan = _ROW_PLANS.get(key)
+    if plan is None:
+        if len(_ROW_PLANS) >= 4096:
+            _ROW_PLANS.clear()
+        plan = _ROW_PLANS[key] = _row_plan(given, lead)
+    row, copy = plan
+    if copy:
+        ts = tuple(None if t is None else t.contiguous() for t in ts)
+    return ts, row
 
 
 def token_inputs(q, k, v, lead: int):
@@ -93,8 +109,14 @@ def check_slots(slots, device, num_slots):
     return int(slots.shape[0])
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of positive ints; plain Python (Triton's is a constexpr function, ~2 µs a call)."""
+    return -(-int(a) // int(b))
+
+
 def next_pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    """The least power of 2 >= n (1 for n <= 1); plain Python (Triton's is a constexpr function, ~4 µs a call)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def chunk_k(Dk: int, want: int = 32) -> int:

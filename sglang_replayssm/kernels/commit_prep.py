@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..reference.commit_prep import COMMIT_PREP_ROWS
-from .checks import check, check_tensor, next_pow2
+from .checks import cdiv, check, check_tensor, next_pow2
 
 BLOCK = 128
 FLUSH_BQ = 32   # earlier rows per comparison tile of a flush's repeat search ([BLOCK, FLUSH_BQ]: no register spills)
@@ -205,5 +205,5 @@ def flush_move(pool, rows: torch.Tensor, counts: torch.Tensor) -> None:
     check_tensor("rows", rows, shape=(B,), dtype=torch.int32, device=dev)
     check_tensor("counts", counts, shape=(B,), dtype=torch.int32, device=dev)
     if B:
-        _flush_move_kernel[(triton.cdiv(B, BLOCK),)](rows, counts, pool.cursor, pool.folded, B, BLOCK=BLOCK,
+        _flush_move_kernel[(cdiv(B, BLOCK),)](rows, counts, pool.cursor, pool.folded, B, BLOCK=BLOCK,
                                                      num_warps=4)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import check, check_tensor
+from .checks import cdiv, check, check_tensor
 
 BLOCK = 1024
 MAX_GRID_YZ = 65535
@@ -65,6 +65,6 @@ def compact_paths(pool, slots: torch.Tensor, accepted: torch.Tensor, nodes: torc
     NK = pool.rec_k[0, 0, 0].numel()
     NG = pool.rec_g[0, 0, 0].numel()
     check(nl <= MAX_GRID_YZ, f"compact_paths covers at most {MAX_GRID_YZ} layers, got {nl}")
-    grid = (B, nl, triton.cdiv(max(ND, NK, NG), BLOCK))
+    grid = (B, nl, cdiv(max(ND, NK, NG), BLOCK))
     _compact_kernel[grid](slots, accepted, nodes, pool.cursor, pool.rec_d, pool.rec_k, pool.rec_g, S, R,
                           N=int(nodes.shape[1]), ND=ND, NK=NK, NG=NG, BLOCK=BLOCK, num_warps=4)

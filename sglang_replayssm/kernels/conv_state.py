@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import check, check_tensor, next_pow2
+from .checks import cdiv, check, check_tensor, next_pow2
 
 CONV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -79,9 +79,9 @@ def roll_conv_state(conv: torch.Tensor, conv_in: torch.Tensor, rows: torch.Tenso
     # defaults: the fastest of an H200 sweep at B=256, 24 layers, C=8192, W=3, bf16 (0.24 ms; 512 channels
     # with 4 warps took 0.33 ms): many small one-warp programs keep the most loads in flight
     block_c = block_c or min(next_pow2(C), 256)
-    check(triton.cdiv(C, block_c) <= MAX_GRID_YZ, f"C={C} needs more than {MAX_GRID_YZ} blocks of {block_c} channels")
+    check(cdiv(C, block_c) <= MAX_GRID_YZ, f"C={C} needs more than {MAX_GRID_YZ} blocks of {block_c} channels")
     num_warps = num_warps or 1
-    _conv_roll_kernel[(B, triton.cdiv(C, block_c), nl)](
+    _conv_roll_kernel[(B, cdiv(C, block_c), nl)](
         conv, conv_in, rows, acc, nodes, S, C, conv_in.shape[2], nodes.shape[1],
         conv.stride(0), conv.stride(1), conv_in.stride(0), conv_in.stride(1),
         W=W, WP=next_pow2(W), BLOCK_C=block_c, num_warps=num_warps)

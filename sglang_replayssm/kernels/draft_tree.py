@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import check, check_tensor
+from .checks import check, check_tensor, next_pow2
 
 
 @triton.jit
@@ -52,5 +52,5 @@ def tree_parents(next_token: torch.Tensor, next_sibling: torch.Tensor, out: torc
     check_tensor("out", out, dtype=torch.int32, device=out.device)
     if B == 0 or T == 0:
         return
-    _tree_parents_kernel[(B,)](next_token, next_sibling, out, T, BT=max(triton.next_power_of_2(T), 2),
+    _tree_parents_kernel[(B,)](next_token, next_sibling, out, T, BT=max(next_pow2(T), 2),
                                ROUNDS=max(T - 1, 1).bit_length(), num_warps=4)

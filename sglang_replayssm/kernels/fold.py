@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import block_knobs, check, check_block_k, check_slots, check_tensor, chunk_k, next_pow2
+from .checks import block_knobs, cdiv, check, check_block_k, check_slots, check_tensor, chunk_k, next_pow2
 from .constants import FOLD_PREC, INTERPRET, RC_NVFP4
-from .layer_views import LayerViews
+from .layer_views import LayerViews, layer_views
 from .quant_tiles import read_copy_scales, store_state_chunk
 from .replay import weighted_records
 from .tuning import FOLD_TUNED, check_tuning
@@ -213,7 +213,7 @@ def fold(pool, layer: int | None, slots, counts, kernel, tuning=None) -> None:
     counts[b] == 0 are untouched. Does not move cursor/folded (the pool does; commit below does both).
     tuning: a KernelTuning (block_v, block_k, num_warps; FOLD_TUNED where none is given)."""
     tuning = check_tuning(tuning)
-    lv = LayerViews(pool, 0 if layer is None else layer)
+    lv = layer_views(pool, 0 if layer is None else layer)
     slots, counts, B = _row_tensors(lv, slots, counts, "counts")
     if B > 0:
         _launch_fold(pool, lv, layer, slots, counts, B, kernel, tuning, from_accepted=False)
@@ -235,7 +235,7 @@ def _launch_fold(pool, lv: LayerViews, layer: int | None, slots, counts, B: int,
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
     check(lv.H * nl <= 65535, f"a fold launch covers at most 65535 (layer, head) pairs, got {nl} x {lv.H}")
-    grid = (triton.cdiv(lv.Dv, BV), lv.H * nl, B)
+    grid = (cdiv(lv.Dv, BV), lv.H * nl, B)
     kernel[grid](slots_ptr=slots, counts_ptr=counts, cursor_ptr=lv.cursor, folded_ptr=lv.folded, ckpt_ptr=lv.ckpt,
                  rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g,
                  seed=lv.seed, layer=lv.layer, S=lv.num_slots,
@@ -253,10 +253,10 @@ def commit(pool, slots, accepted, kernel, tuning=None) -> None:
     drafts reach the window fold them into the checkpoint (+ read copy) of every layer (`kernel`, counting
     from the cursor itself), then _advance_kernel moves cursor and folded. Two launches, no host sync
     (the pool's accept_drafts; was ~10 indexing launches around the fold). slots / accepted: as fold's."""
-    lv = LayerViews(pool, 0)
+    lv = layer_views(pool, 0)
     slots, accepted, B = _row_tensors(lv, slots, accepted, "accepted")
     if B == 0:
         return
     _launch_fold(pool, lv, None, slots, accepted, B, kernel, check_tuning(tuning), from_accepted=True)
-    _advance_kernel[(triton.cdiv(B, ADVANCE_BLOCK),)](slots, accepted, lv.cursor, lv.folded, B, WINDOW=lv.window,
+    _advance_kernel[(cdiv(B, ADVANCE_BLOCK),)](slots, accepted, lv.cursor, lv.folded, B, WINDOW=lv.window,
                                                      BLOCK=ADVANCE_BLOCK, num_warps=4)

@@ -1,4 +1,4 @@
-"""The pool tensors of one SSM layer as the kernels see them (views, no copies)."""
+"""The pool tensors of one SSM layer as the kernels see them (views, no copies), built once per pool layer."""
 from __future__ import annotations
 
 import torch
@@ -49,3 +49,20 @@ class LayerViews:
         if self.rc_mode == RC_FP8:
             return self.rc, self.rc_scale, self.rc_scale
         return self.rc, self.rc_scale, self.rc_gscale
+
+
+def layer_views(pool, layer: int) -> LayerViews:
+    """LayerViews(pool, layer), kept on the pool: the wrappers look the views up on every call (once per SSM layer
+    per step, on the host's critical path). A pool allocates its tensors once, in its constructor, beside its
+    config; a pool whose checkpoint or config is another object (a clone) gets new views."""
+    cache = getattr(pool, "_kernel_layer_views", None)
+    if cache is None or cache[0] is not pool.ckpt or cache[1] is not pool.cfg:
+        cache = (pool.ckpt, pool.cfg, {})
+        try:
+            pool._kernel_layer_views = cache
+        except AttributeError:   # a pool-like object that takes no attributes: no cache
+            return LayerViews(pool, layer)
+    views = cache[2].get(layer)
+    if views is None:
+        views = cache[2][layer] = LayerViews(pool, layer)
+    return views

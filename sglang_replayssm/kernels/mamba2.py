@@ -10,12 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import (check, check_block_k, check_block_v, check_flush_block_k, check_rows, check_slots, check_stages,
-                     check_tensor, chunk_k, launch_stages, next_pow2, output_tensor, token_rows)
+from .checks import (cdiv, check, check_block_k, check_block_v, check_flush_block_k, check_rows, check_slots,
+                     check_stages, check_tensor, chunk_k, launch_stages, next_pow2, output_tensor, token_rows)
 from .constants import DOT_PREC, INTERPRET, RC_NVFP4
 from .drafts import draft_structure, stacked_draft_pass, stacked_halves
 from .fold import _fold_kernel, commit as commit_records, fold as fold_records, fold_store, fold_tile_store
-from .layer_views import LayerViews
+from .layer_views import layer_views
 from .math_helpers import softplus
 from .quant_tiles import load_state_chunk, state_tile
 from .replay import flush_tiles, load_records, record_key_products, replay_pass, ring_program, ring_row
@@ -369,7 +369,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, x, dt, A, B, C, D, dt_bias, z, out=out,
                                    tuning=KernelTuning(block_v=tuning.block_v, num_warps=tuning.num_warps))
-    lv = LayerViews(pool, layer)
+    lv = layer_views(pool, layer)
     Bn = check_slots(slots, lv.device, lv.num_slots)
     H, G, P, N = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(Bn, H, G, P, N, x, dt, A, B, C, D, dt_bias, z, lv.device)
@@ -392,7 +392,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw,
                                                                       tuning.flush_warps, flush_list)
     with on_stream(side):
-        _m2_decode_kernel[(triton.cdiv(P, BV), H, rows)](
+        _m2_decode_kernel[(cdiv(P, BV), H, rows)](
             # the token's inputs and the output
             x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz, out_ptr=out,
             # the rows, their cursors and fold counts, the split decode's flush list
@@ -411,7 +411,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
                                         prep_ptr=prep, G=G, K=N, R=lv.R, WINDOW=lv.window, BR=BR,
                                         BC_ROW=row_strides["BC_ROW"], num_warps=PREP_WARPS)
         rbv, rnw = _block_v(P, block_v), num_warps or default_warps(Bn, H)
-        _m2_decode_read_kernel[(triton.cdiv(P, rbv), H, Bn)](
+        _m2_decode_read_kernel[(cdiv(P, rbv), H, Bn)](
             x_ptr=x, dt_ptr=dt, A_ptr=A, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz, out_ptr=out, slots_ptr=slots,
             cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d,
             recg_ptr=lv.rec_g, prep_ptr=prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
@@ -433,7 +433,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     tuning = check_tuning(tuning)
     if getattr(pool.cfg, "mode", "replay") != "replay":
         raise ValueError("verify kernels need a pool in mode='replay' (conventional verify keeps snapshots)")
-    lv = LayerViews(pool, layer)
+    lv = layer_views(pool, layer)
     Bn = check_slots(slots, lv.device, lv.num_slots)
     H, G, P, N = lv.H, lv.Hk, lv.Dv, lv.Dk
     check(x.dim() == 4, f"x must be [B, T, H, P] for verify, got shape {tuple(x.shape)}")
@@ -454,7 +454,7 @@ def verify(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, parents=None,
     if method == "mma":
         kern, BT = _m2_verify_mma_kernel, max(8, next_pow2(T))
         extra = dict(DOT_PRECISION=tuning.dot_precision or DOT_PREC, **launch_stages(tuning.stages))
-    kern[(triton.cdiv(P, BV), H, Bn)](
+    kern[(cdiv(P, BV), H, Bn)](
         # the drafts' inputs and the output (z, parents: never read where HAS_Z / HAS_PARENTS is False)
         x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz,
         par_ptr=parents if parents is not None else slots, out_ptr=out,
@@ -484,7 +484,7 @@ def conventional_decode(state, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out
     if Bn == 0:
         return out
     BV = _block_v(P, tuning.block_v)
-    _m2_conventional_kernel[(triton.cdiv(P, BV), H, Bn)](
+    _m2_conventional_kernel[(cdiv(P, BV), H, Bn)](
         x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz,
         out_ptr=out, slots_ptr=slots, state_ptr=state, H=H, G=G, K=N, V=P, BV=BV, BK=next_pow2(N),
         HAS_Z=has_z, **row_strides, num_warps=tuning.num_warps or 4)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import check, check_tensor
+from .checks import cdiv, check, check_tensor
 
 BLOCK = 1024
 GROUPS = 8          # programs per (row, leading index); each walks 1/GROUPS of the slot's columns
@@ -55,7 +55,7 @@ def copy_slots(tensors, src: torch.Tensor, dst: torch.Tensor, slot_dim: int) -> 
         S = int(t.shape[slot_dim])
         X = t[0].numel() if slot_dim == 0 else t[0, 0].numel()
         check(lead <= MAX_GRID_YZ, f"copy_slots covers at most {MAX_GRID_YZ} leading indices, got {lead}")
-        chunks = triton.cdiv(X, BLOCK)
+        chunks = cdiv(X, BLOCK)
         view = t.view(_SAME_SIZE_INT[t.element_size()])   # bytes moved as integers (fp8, bool, ...)
         _copy_rows_kernel[(B, lead, min(GROUPS, chunks))](view, src, dst, S, X, chunks, BLOCK=BLOCK, GROUPS=GROUPS,
                                                           num_warps=4)

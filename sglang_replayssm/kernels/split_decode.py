@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import check, check_tensor, flush_launch_warps, next_pow2
+from .checks import cdiv, check, check_tensor, flush_launch_warps, next_pow2
 from .tuning import flush_rows_min
 
 @triton.jit
@@ -39,7 +39,7 @@ def flush_list(slots, cursor, window: int):
 
 def flush_row_programs(B: int, window: int) -> int:
     """FLUSH_ROW_PROGRAMS of flush_list for B rows."""
-    return min(B, max(1, 2 * triton.cdiv(B, window)))
+    return min(B, max(1, 2 * cdiv(B, window)))
 
 
 @triton.jit

@@ -7,11 +7,10 @@ below are named records with a one-line reason each; the runs behind them are in
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
-import triton
-
-from .checks import block_knobs, check, check_block_k, chunk_k
+from .checks import block_knobs, cdiv, check, check_block_k, chunk_k
 from .constants import RC_FP8, RC_NONE, RC_NVFP4
 
 
@@ -92,6 +91,7 @@ def small_grid_blocks(family: str, rc_mode: int, pairs: int, Dk: int) -> KernelT
     return KernelTuning(num_warps=default_warps(pairs, 1))
 
 
+@functools.lru_cache(maxsize=4096)   # pure in its arguments; called once per SSM layer per step
 def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dk: int, method,
                 tuning: KernelTuning = DEFAULT_TUNING) -> tuple[str, KernelTuning]:
     """The decode method and blocks a wrapper uses. method None picks "split" where SPLIT_TUNED has an
@@ -152,6 +152,7 @@ class OneWaveBlockK(NamedTuple):
 ONE_WAVE_BLOCK_K = {("gdn", "mma"): OneWaveBlockK(32, "one wave: half the state pass's dependent loads")}
 
 
+@functools.lru_cache(maxsize=4096)   # pure in its arguments; called once per SSM layer per step
 def verify_block_k(family: str, method: str, programs: int, Dk: int, sms: int,
                    tuning: KernelTuning = DEFAULT_TUNING) -> int:
     """A verify launch's column chunk: tuning.block_k if given, else ONE_WAVE_BLOCK_K's where the launch's
@@ -170,6 +171,7 @@ def verify_methods(family: str) -> list[str]:
     return [m for f, m in VERIFY_TUNED if f == family]
 
 
+@functools.lru_cache(maxsize=4096)   # pure in its arguments; called once per SSM layer per step
 def verify_plan(family: str, method, tuning: KernelTuning = DEFAULT_TUNING) -> tuple[str, int, int]:
     """A verify launch's (method, block_v, num_warps): method None is "mma" (the fastest on the H200 at every
     T = 1..8), else one of verify_methods(family); the given blocks, else VERIFY_TUNED's."""
@@ -218,7 +220,7 @@ def flush_rows_min(family: str, B: int, window: int) -> int:
     split decode of B rows, so that the steady-state count (ceil(B / window)) keeps FLUSH_PROGRAMS[family]
     of them busy."""
     a = FLUSH_PROGRAMS.get(family)
-    return 1 if a is None else max(1, triton.cdiv(triton.cdiv(B, window), a))
+    return 1 if a is None else max(1, cdiv(cdiv(B, window), a))
 
 
 # Warps of the split decode's prep launch (one small program per row and k-head / group / head): one warp

@@ -50,7 +50,11 @@ def _c(*ts):
     they already are). The token inputs (GDN / KDA q, k, v; Mamba-2 x, dt, B, C, z) go to the kernels as SGLang's views
     of one projection: the kernels read them by token rows (kernels.checks.token_rows), saving a copy per input per
     layer."""
-    return tuple(None if t is None else t.contiguous() for t in ts)
+    return tuple(t if t is None or t.is_contiguous() else t.contiguous() for t in ts)
+
+
+def _heads(A_log: torch.Tensor, H: int) -> torch.Tensor:
+    return A_log if A_log.dim() == 1 else A_log.reshape(H)
 
 
 def _direct_out(pool, out: torch.Tensor | None, shape) -> dict:
@@ -91,7 +95,8 @@ def mamba2_selective_state_update(original, state, x, dt, A, B, C, D=None, z=Non
     H = x.shape[-2]
     slots = _slots(pool, state_batch_indices)
     dt_h = dt[..., 0] if dt.dim() == x.dim() else dt  # the mixer expands dt over P
-    A_h, D_h, bias_h = _c(_per_head(A, H, x).float(), _per_head(D, H, x).float(), _per_head(dt_bias, H, x).float())
+    # one value per head, in the parameters' own dtype (the kernels and the reference compute in fp32: no casts here)
+    A_h, D_h, bias_h = _c(_per_head(A, H, x), _per_head(D, H, x), _per_head(dt_bias, H, x))
     direct = _direct_out(pool, out, x.shape)
     if x.dim() == 3:
         y = pool.replay.ops.decode(pool.replay, layer, slots, x, dt_h, A_h, B, C, D_h, bias_h, z=z, **direct)
@@ -117,25 +122,25 @@ def _delta_decode(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indi
     v = v.reshape(Bn, g.num_heads, g.head_v_dim)
     a = a.reshape(Bn, g.num_heads, -1) if family == "kda" else a.reshape(Bn, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
-    a, b, A_log, dt_bias = _c(a, b.reshape(Bn, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
+    a, b, A_log, dt_bias = _c(a, b.reshape(Bn, g.num_heads), _heads(A_log, g.num_heads), dt_bias)
     o = pool.replay.ops.decode(pool.replay, layer, _slots(pool, cache_indices), q, k, v, a, b, A_log, dt_bias, scale=scale)
-    return o.to(v.dtype).reshape(1, Bn, g.num_heads, g.head_v_dim)
+    return o.to(v.dtype).view(1, Bn, g.num_heads, g.head_v_dim)   # (the reference computes in fp32)
 
 
 @sync_checked
 def _delta_verify(family, pool, layer, q, k, v, a, b, A_log, dt_bias, cache_indices, scale=None):
     g = pool.geometry
     Bn = cache_indices.shape[0]
-    T = v.reshape(-1, g.num_heads, g.head_v_dim).shape[0] // Bn
+    T = v.numel() // max(Bn * g.num_heads * g.head_v_dim, 1)
     q = q.reshape(Bn, T, g.num_k_heads, g.head_k_dim)
     k = k.reshape(Bn, T, g.num_k_heads, g.head_k_dim)
     v = v.reshape(Bn, T, g.num_heads, g.head_v_dim)
     a = a.reshape(Bn, T, g.num_heads, -1) if family == "kda" else a.reshape(Bn, T, g.num_heads)
     dt_bias = dt_bias.reshape(g.num_heads, -1) if family == "kda" else dt_bias
-    a, b, A_log, dt_bias = _c(a, b.reshape(Bn, T, g.num_heads), A_log.reshape(g.num_heads), dt_bias)
+    a, b, A_log, dt_bias = _c(a, b.reshape(Bn, T, g.num_heads), _heads(A_log, g.num_heads), dt_bias)
     o = pool.replay.ops.verify(pool.replay, layer, _slots(pool, cache_indices), q, k, v, a, b, A_log, dt_bias,
                                scale=scale, parents=pool.verify_parents)
-    return o.to(v.dtype).reshape(1, Bn * T, g.num_heads, g.head_v_dim)
+    return o.to(v.dtype).view(1, Bn * T, g.num_heads, g.head_v_dim)   # (the reference computes in fp32)
 
 
 def _split_packed(pool, mixed_qkv):

@@ -6,11 +6,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
+from ..checks import (cdiv, check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
                       output_tensor, token_inputs)
 from ..constants import INTERPRET, RC_NVFP4
 from ..fold import _fold_kernel, commit as commit_records, fold as fold_records, fold_store, fold_tile_store
-from ..layer_views import LayerViews
+from ..layer_views import layer_views
 from ..quant_tiles import state_tile
 from ..replay import flush_tiles, load_records, record_key_products, replay_pass, ring_program, ring_row
 from ..split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
@@ -224,7 +224,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    tuning=KernelTuning(block_v=tuning.block_v, num_warps=tuning.num_warps))
-    lv = LayerViews(pool, layer)
+    lv = layer_views(pool, layer)
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
@@ -249,7 +249,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("gdn", method, slots, lv, nw, flush_warps,
                                                                       flush_list)
     with on_stream(side):
-        _gdn_decode_kernel[(triton.cdiv(Dv, BV), H, rows)](
+        _gdn_decode_kernel[(cdiv(Dv, BV), H, rows)](
             # the token's inputs and the output
             q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out,
             # the rows, their cursors and fold counts, the split decode's flush list
@@ -268,7 +268,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                                          prep_ptr=prep, scale=scale, HK=Hk, K=Dk, R=lv.R, WINDOW=lv.window, BR=BR,
                                          EPS=L2_EPS, QK_ROW=qk_row, num_warps=PREP_WARPS)
         rbv, rnw = _block_v(Dv, block_v), num_warps or default_warps(B, H)
-        _gdn_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
+        _gdn_decode_read_kernel[(cdiv(Dv, rbv), H, B)](
             q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out,
             slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs,
             recd_ptr=lv.rec_d, recg_ptr=lv.rec_g, prep_ptr=prep,
@@ -296,7 +296,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     if B == 0:
         return out
     BV = _block_v(Dv, tuning.block_v)
-    _gdn_conventional_kernel[(triton.cdiv(Dv, BV), H, B)](
+    _gdn_conventional_kernel[(cdiv(Dv, BV), H, B)](
         q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out, slots_ptr=slots,
         state_ptr=state, scale=scale, H=H, HK=Hk, K=Dk, V=Dv, BV=BV, BK=next_pow2(Dk), EPS=L2_EPS, QK_ROW=qk_row,
         V_ROW=v_row, num_warps=tuning.num_warps or 4)

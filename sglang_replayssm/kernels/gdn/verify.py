@@ -6,10 +6,10 @@ import triton
 import triton.language as tl
 
 from ...device_info import sm_count
-from ..checks import check, check_slots, check_tensor, launch_stages, next_pow2, output_tensor, token_inputs
+from ..checks import cdiv, check, check_slots, check_tensor, launch_stages, next_pow2, output_tensor, token_inputs
 from ..drafts import (delta_solve, draft_chunk, draft_inv_norms, draft_structure, gram_update, stacked_draft_pass,
                       stacked_halves, store_draft_d)
-from ..layer_views import LayerViews
+from ..layer_views import layer_views
 from ..quant_tiles import load_state_chunk
 from ..replay import load_records, ring_program
 from ..constants import DOT_PREC
@@ -232,7 +232,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     tuning.VERIFY_TUNED, mma: one warp per 64 value rows; stages: the mma launch's software pipelining
     of the column loop, checks.launch_stages) and dot_precision (the mma launch's, None: DOT_PREC)."""
     tuning = check_tuning(tuning)
-    lv = LayerViews(pool, layer)
+    lv = layer_views(pool, layer)
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     check(q.dim() == 4, f"q must be [B, T, Hk, Dk] for verify, got shape {tuple(q.shape)}")
@@ -249,7 +249,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
         return out
     method, BV, num_warps = verify_plan("gdn", method, tuning)
     nst = launch_stages(tuning.stages)
-    grid = (triton.cdiv(Dv, BV), H, B)
+    grid = (cdiv(Dv, BV), H, B)
     BKC = verify_block_k("gdn", method, grid[0] * H * B, Dk, sm_count(lv.device), tuning)
     BR = max(16, next_pow2(lv.window))
     rc, rs, rgs = lv.rc_args()

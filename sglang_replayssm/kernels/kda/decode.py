@@ -6,11 +6,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import (check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
+from ..checks import (cdiv, check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
                       output_tensor, token_inputs)
 from ..constants import FOLD_PREC, INTERPRET, RC_NVFP4
 from ..fold import commit as commit_records, fold as fold_records, fold_count, fold_layer_head
-from ..layer_views import LayerViews
+from ..layer_views import layer_views
 from ..math_helpers import softplus
 from ..quant_tiles import load_state_chunk, read_copy_scales, store_state_chunk
 from ..replay import ring_program, ring_row
@@ -307,7 +307,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     if getattr(pool.cfg, "mode", "replay") == "conventional":
         return conventional_decode(pool.ckpt[layer], slots, q, k, v, a, b, A_log, dt_bias, scale, out=out,
                                    tuning=KernelTuning(block_v=tuning.block_v, num_warps=tuning.num_warps))
-    lv = LayerViews(pool, layer)
+    lv = layer_views(pool, layer)
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     _check_inputs(B, H, Hk, Dv, Dk, q, k, v, a, b, A_log, dt_bias, lv.device)
@@ -330,7 +330,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("kda", method, slots, lv, nw, tuning.flush_warps,
                                                                       flush_list)
     with on_stream(side):
-        _kda_decode_kernel[(triton.cdiv(Dv, BV), H, rows)](
+        _kda_decode_kernel[(cdiv(Dv, BV), H, rows)](
             # the token's inputs and the output
             q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out,
             # the rows, their cursors and fold counts, the split decode's flush list
@@ -351,7 +351,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
                                         EPS=L2_EPS, QK_ROW=qk_row, num_warps=PREP_WARPS)
         rbv = _block_v(Dv, block_v)
         rnw = num_warps or default_warps(B, H)
-        _kda_decode_read_kernel[(triton.cdiv(Dv, rbv), H, B)](
+        _kda_decode_read_kernel[(cdiv(Dv, rbv), H, B)](
             v_ptr=v, out_ptr=out, slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs,
             rgs_ptr=rgs, recd_ptr=lv.rec_d, prep_ptr=prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv,
             BKC=block_k or chunk_k(Dk), BR=BR, READ_COPY=lv.rc_mode, V_ROW=v_row, NUM_STAGES=check_stages(stages),
@@ -376,7 +376,7 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
     if B == 0:
         return out
     BV = _block_v(Dv, tuning.block_v)
-    _kda_conventional_kernel[(triton.cdiv(Dv, BV), H, B)](
+    _kda_conventional_kernel[(cdiv(Dv, BV), H, B)](
         q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out, slots_ptr=slots,
         state_ptr=state, scale=scale, H=H, HK=Hk, K=Dk, V=Dv, BV=BV, EPS=L2_EPS, QK_ROW=qk_row, V_ROW=v_row,
         num_warps=tuning.num_warps or 4)

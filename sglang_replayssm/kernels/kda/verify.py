@@ -5,10 +5,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import (check, check_block_k, check_slots, check_tensor, chunk_k, launch_stages, next_pow2,
+from ..checks import (cdiv, check, check_block_k, check_slots, check_tensor, chunk_k, launch_stages, next_pow2,
                       output_tensor, token_inputs)
 from ..drafts import delta_solve, draft_chunk, draft_inv_norms, draft_structure, store_draft_d
-from ..layer_views import LayerViews
+from ..layer_views import layer_views
 from ..math_helpers import softplus
 from ..quant_tiles import load_state_chunk
 from ..replay import ring_program
@@ -226,7 +226,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     tuning = check_tuning(tuning)
     if getattr(pool.cfg, "mode", "replay") != "replay":
         raise ValueError("verify kernels need a pool in mode='replay' (conventional verify keeps snapshots)")
-    lv = LayerViews(pool, layer)
+    lv = layer_views(pool, layer)
     B = check_slots(slots, lv.device, lv.num_slots)
     H, Hk, Dv, Dk = lv.H, lv.Hk, lv.Dv, lv.Dk
     check(q.dim() == 4, f"q must be [B, T, Hk, Dk] for verify, got shape {tuple(q.shape)}")
@@ -248,7 +248,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     if method == "mma":  # tensor-core variant (3xTF32 on the GPU); X_ROWS: the stacked q/k operand's rows, >= 16
         kern, extra = _kda_verify_mma_kernel, dict(DOT_PRECISION=tuning.dot_precision or DOT_PREC,
                                                    X_ROWS=max(16, 2 * next_pow2(T)), **nst)
-    kern[(triton.cdiv(Dv, BV), H, B)](
+    kern[(cdiv(Dv, BV), H, B)](
         # the drafts' inputs and the output
         q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
         par_ptr=parents if parents is not None else slots, out_ptr=out,
