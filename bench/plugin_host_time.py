@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -55,31 +54,11 @@ class HostTimer:
             self.calls.append((name, time.perf_counter() - t0))
             self._open = False
 
-    @contextlib.contextmanager
     def installed(self):
-        from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend as Hybrid
-        from triton.runtime.interpreter import InterpretedFunction
+        def no_launch(original, *args, **kwargs):
+            self.launches += 1
 
-        from sglang_replayssm.sglang_plugin import backends
-
-        run, note_step = InterpretedFunction.run, backends.note_step
-        scatter = Hybrid.__dict__["_scatter_speculative_state_with_mask"]
-        timer = self
-
-        def no_launch(*args, **kwargs):
-            timer.launches += 1
-
-        def timed_note_step(backend, forward_batch):
-            with timer.entry("note_step"):
-                return note_step(backend, forward_batch)
-
-        InterpretedFunction.run, backends.note_step = no_launch, timed_note_step
-        Hybrid._scatter_speculative_state_with_mask = staticmethod(no_launch)
-        try:
-            yield self
-        finally:
-            InterpretedFunction.run, backends.note_step = run, note_step
-            Hybrid._scatter_speculative_state_with_mask = scatter
+        return opc.patched_entry_points(self, no_launch, no_launch)
 
     def take(self):
         calls, self.calls = self.calls, []
@@ -88,16 +67,7 @@ class HostTimer:
 
 def time_family(family: str, steps=opc.STEPS, reps: int = 300) -> dict:
     """Each step type ``reps`` times after two untimed runs; per entry the median µs per call."""
-    T = 4
-    tree = [-1, 0, 0, 2]
-    tree_paths, chain_paths = [[0, 2, 3], [0, 1]], [[0, 1], [0, 1, 2]]
-    runs = {
-        "decode": (1, lambda h: h.decode()),
-        "prefill": (1, lambda h: h.prefill()),
-        "verify_chain": (1, lambda h: h.verify(chain_paths)),
-        "verify_tree": (2, lambda h: h.verify(tree_paths, tree)),
-        "verify_tree_track": (2, lambda h: h.verify(tree_paths, tree, track=[4, 5])),
-    }
+    T, runs = opc.DRAFTS, opc.STEP_RUNS
     out = {}
     timer = HostTimer()
     with timer.installed():
@@ -155,11 +125,7 @@ def main(argv=None) -> int:
            "note": "host µs per call of the plugin's Python (Triton launches made no-ops), median of the steps; "
                    "per_layer_us runs once per SSM layer per eager step",
            "families": {f: time_family(f, args.steps, args.reps) for f in args.families}}
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    opc.emit(res, args.out)
     return 0
 
 

@@ -101,45 +101,49 @@ class Recorder:
             self.calls.append((name, self.counter.ops, self.counter.host_reads))
             self.counter = None
 
-    @contextlib.contextmanager
     def installed(self):
         """Triton launches counted once each; the metadata hook (``backends.note_step``) counted as an entry."""
-        from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend as Hybrid
-        from triton.runtime.interpreter import InterpretedFunction
+        def counted(name, original, *args, **kwargs):
+            if self.counter is None:
+                return original(*args, **kwargs)
+            with self.counter.triton_launch(name):
+                return original(*args, **kwargs)
 
-        from sglang_replayssm.sglang_plugin import backends
-
-        run, note_step = InterpretedFunction.run, backends.note_step
-        scatter = Hybrid.__dict__["_scatter_speculative_state_with_mask"]
-        rec = self
-
-        def counted_run(fn_self, *args, **kwargs):
-            if rec.counter is None:
-                return run(fn_self, *args, **kwargs)
-            with rec.counter.triton_launch(fn_self.fn.__name__):
-                return run(fn_self, *args, **kwargs)
-
-        def counted_note_step(backend, forward_batch):
-            with rec.entry("note_step"):
-                return note_step(backend, forward_batch)
-
-        def counted_scatter(*args, **kwargs):
-            if rec.counter is None:
-                return scatter.__func__(*args, **kwargs)
-            with rec.counter.triton_launch(SGLANG_SCATTER):
-                return scatter.__func__(*args, **kwargs)
-
-        InterpretedFunction.run, backends.note_step = counted_run, counted_note_step
-        Hybrid._scatter_speculative_state_with_mask = staticmethod(counted_scatter)
-        try:
-            yield self
-        finally:
-            InterpretedFunction.run, backends.note_step = run, note_step
-            Hybrid._scatter_speculative_state_with_mask = scatter
+        return patched_entry_points(
+            self, lambda run, fn_self, *a, **k: counted(fn_self.fn.__name__, run, fn_self, *a, **k),
+            lambda scatter, *a, **k: counted(SGLANG_SCATTER, scatter, *a, **k))
 
     def take(self):
         calls, self.calls = self.calls, []
         return calls
+
+
+@contextlib.contextmanager
+def patched_entry_points(rec, launch, scatter):
+    """While inside: Triton's interpreted launches go through ``launch(original_run, fn_self, *args, **kwargs)``,
+    SGLang's conv-state rollback at a commit through ``scatter(original, *args, **kwargs)``, and the metadata hook
+    (``backends.note_step``) runs as ``rec``'s entry "note_step"."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend as Hybrid
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from sglang_replayssm.sglang_plugin import backends
+
+    run, note_step = InterpretedFunction.run, backends.note_step
+    original_scatter = Hybrid.__dict__["_scatter_speculative_state_with_mask"]
+
+    def entry_note_step(backend, forward_batch):
+        with rec.entry("note_step"):
+            return note_step(backend, forward_batch)
+
+    InterpretedFunction.run = lambda fn_self, *a, **k: launch(run, fn_self, *a, **k)
+    backends.note_step = entry_note_step
+    Hybrid._scatter_speculative_state_with_mask = staticmethod(
+        lambda *a, **k: scatter(original_scatter.__func__, *a, **k))
+    try:
+        yield rec
+    finally:
+        InterpretedFunction.run, backends.note_step = run, note_step
+        Hybrid._scatter_speculative_state_with_mask = original_scatter
 
 
 def summarize(calls, layers: int) -> dict:
@@ -300,20 +304,22 @@ class Harness:
 
 
 STEPS = ("decode", "prefill", "verify_chain", "verify_tree", "verify_tree_track")
+DRAFTS = 4
+TREE = [-1, 0, 0, 2]                      # node 0 the root, 1 and 2 its children, 3 a child of 2
+TREE_PATHS, CHAIN_PATHS = [[0, 2, 3], [0, 1]], [[0, 1], [0, 1, 2]]
+# each step type: (SGLang's speculative top-k of the harness, one step on a Harness)
+STEP_RUNS = {
+    "decode": (1, lambda h: h.decode()),
+    "prefill": (1, lambda h: h.prefill()),
+    "verify_chain": (1, lambda h: h.verify(CHAIN_PATHS)),
+    "verify_tree": (2, lambda h: h.verify(TREE_PATHS, TREE)),
+    "verify_tree_track": (2, lambda h: h.verify(TREE_PATHS, TREE, track=[4, 5])),
+}
 
 
 def count_family(family: str, steps=STEPS) -> dict:
     """Each step type of ``steps`` twice (the first run makes the lazy buffers), the second counted."""
-    T = 4
-    tree = [-1, 0, 0, 2]                      # node 0 the root, 1 and 2 its children, 3 a child of 2
-    tree_paths, chain_paths = [[0, 2, 3], [0, 1]], [[0, 1], [0, 1, 2]]
-    runs = {
-        "decode": (1, lambda h: h.decode()),
-        "prefill": (1, lambda h: h.prefill()),
-        "verify_chain": (1, lambda h: h.verify(chain_paths)),
-        "verify_tree": (2, lambda h: h.verify(tree_paths, tree)),
-        "verify_tree_track": (2, lambda h: h.verify(tree_paths, tree, track=[4, 5])),
-    }
+    T, runs = DRAFTS, STEP_RUNS
     out = {}
     rec = Recorder()
     with rec.installed():
@@ -327,6 +333,15 @@ def count_family(family: str, steps=STEPS) -> dict:
                 step(h)
                 out[name] = summarize(rec.take(), len(LAYERS))
     return out
+
+
+def emit(res: dict, out: Path | None) -> None:
+    """Print a result as JSON, and write it to ``out`` when given."""
+    text = json.dumps(res, indent=1)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
 
 
 def main(argv=None) -> int:
@@ -344,11 +359,7 @@ def main(argv=None) -> int:
            "note": "eager device ops per step on CPU (aten ops that launch a kernel + Triton launches); "
                    "a step's ops = per_step + layers x per_layer",
            "families": {f: count_family(f, args.steps) for f in args.families}}
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(res, args.out)
     return 0
 
 

@@ -1,17 +1,13 @@
 """bench/e2e_kernel_counts.py counts the device kernels of one forward on CPU (Triton under the interpreter):
 the counts must be real launches of the model's structure — the fused non-SSM kernels launch fewer kernels
 than the torch path through more Triton launches of their own, every SSM layer is stubbed and counted apart."""
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import load_bench
 
 
 def test_fused_forward_launches_fewer_kernels(tmp_path):
-    spec = importlib.util.spec_from_file_location("e2e_kernel_counts", ROOT / "bench" / "e2e_kernel_counts.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("e2e_kernel_counts.py")
     out = tmp_path / "counts.json"
     assert mod.main(["--models", "tiny-gdn", "--out", str(out)]) == 0
     counts = json.loads(out.read_text())["models"]["tiny-gdn"]

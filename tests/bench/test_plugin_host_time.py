@@ -1,20 +1,12 @@
 """bench/plugin_host_time.py times the plugin's own Python per entry point: a layer hook made slower by a known amount
 shows in per_layer_us (and not in the step's other entries), and the Triton launches are reached but not run."""
-import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import load_bench
+
 pytestmark = pytest.mark.bench
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("plugin_host_time", ROOT / "bench" / "plugin_host_time.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_layer_time_is_the_layer_hooks_own(monkeypatch):
@@ -25,7 +17,7 @@ def test_layer_time_is_the_layer_hooks_own(monkeypatch):
 
     monkeypatch.setenv(OPS_ENV, "kernels")
     load_plugin()
-    bench = _bench()
+    bench = load_bench("plugin_host_time.py")
     base = bench.time_family("gdn", steps=("verify_tree",), reps=5)["verify_tree"]
     assert set(base["entries_us"]) == {"note_step", "layer", "settle", "commit"}, base
     assert 0 < base["per_layer_us"] < 2000, base

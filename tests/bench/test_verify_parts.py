@@ -2,29 +2,19 @@
 the work they are named for, or the timings they report say nothing. Run here on CPU through the
 interpreter with small shapes: the state products against torch, the read sums, the library's verify, the
 other parts at least launch; and the plot is drawn from a results JSON."""
-import importlib.util
-from pathlib import Path
 
 import torch
 
 from sglang_replayssm.kernels import gdn as kgdn
 from sglang_replayssm.kernels.tuning import KernelTuning
 
+from tests.bench_scripts import load_bench
 from tests.kernels.helpers import DEV, clone_pool, close, make_pool
 from tests.kernels.test_gdn import inputs, params
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("verify_parts", ROOT / "bench" / "verify_parts.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_the_partial_launches_compute_what_they_are_named_for(tmp_path):
-    vp = _bench()
+    vp = load_bench("verify_parts.py")
     g = torch.Generator().manual_seed(31)
     pool = make_pool("gdn", window=8, max_drafts=8, num_slots=5, num_layers=1, head_k_dim=32, gen=g)
     H, Dv, Dk = pool.geo.state_shape

@@ -7,21 +7,15 @@ parts); Mamba-2: the per-layer hook of a decode and a tree verify (the kernel al
 and writes SGLang's output buffer)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import load_bench
 
 pytestmark = pytest.mark.usefixtures("no_host_reads")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("plugin_op_counts", ROOT / "bench" / "plugin_op_counts.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("plugin_op_counts.py")
 
 
 def test_plugin_step_op_counts_stay_within_bounds(monkeypatch):
