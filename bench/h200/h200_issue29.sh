@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 29 on the H200 (device tool, carry [".h200"], the bundle of bench/h200/h200_wheels.sh): one phase per call,
 # every call going on from the last on the warm machine (state in /tmp/fleet):
-#   PHASE=check  CUDA checks of the commit's kernels (pytest, TRITON_INTERPRET=0); two plugin servers with
+#   PHASE=check  CUDA checks of the commit's kernels and of the decode / verify kernels reading SGLang's split
+#                views by token rows (pytest, TRITON_INTERPRET=0); two plugin servers with
 #                SGLANG_REPLAYSSM_SYNC_CHECK=1 (GDN and Mamba-2, 4-layer wide models, NGRAM tree drafts,
 #                extra_buffer, radix cache) answer greedy requests solo and batched (their logs must hold no
 #                sync error); then the full-depth Qwen3-Next-shaped checkpoint and the NGRAM servers start
@@ -18,8 +19,9 @@ wide() {   # wide checkpoints (DEPTH FAMILY DIR), once per machine
 }
 case ${PHASE:-check} in
 check)
-  TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_commit_ops.py \
-    tests/kernels/test_commit_graph.py tests/kernels/test_conv_state.py 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -4
+  TRITON_INTERPRET=0 timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_commit_ops.py \
+    tests/kernels/test_commit_graph.py tests/kernels/test_conv_state.py tests/kernels/test_token_rows.py \
+    tests/kernels/test_gdn.py tests/kernels/test_mamba2.py tests/kernels/test_kda.py 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -4
   export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
   wide short all /tmp/wide
   FLEET_ONLY=gdn_ours_synccheck,m2_ours_synccheck FLEET_MAX_RUNNING=64 $F start /tmp/wide $STATE
