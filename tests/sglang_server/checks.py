@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 import requests
 
@@ -178,9 +179,17 @@ def concurrent_requests_equal_solo(server: SGLangServer, n: int) -> None:
     assert not bad, f"{server.name}: {len(bad)} of {n} concurrent answers differ from their solo answers: {bad}"
 
 
-def _flush_cache(server: SGLangServer) -> None:
-    r = requests.post(server.url + "/flush_cache", timeout=60)
-    assert r.status_code == 200, r.text
+def _flush_cache(server: SGLangServer, wait_s: float = 10.0) -> None:
+    """SGLang flushes the radix cache of an idle scheduler only, and answers "Flush cache failed." while the last
+    request's batch is still being retired (which can outlast that request's HTTP answer by a step, with the overlap
+    scheduler): asked again until it flushes, for at most ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        r = requests.post(server.url + "/flush_cache", timeout=60)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert r.status_code == 200, f"{server.name}: still not flushed after {wait_s} s: {r.status_code} {r.text}"
 
 
 def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer, turn1: list[int] | None = None,
