@@ -17,6 +17,7 @@ import triton.language as tl
 
 from ..reference.commit_prep import COMMIT_PREP_ROWS
 from .checks import cdiv, check, check_tensor, next_pow2
+from .step_counts import add_commit_counts, store_commit_counts
 
 BLOCK = 128
 FLUSH_BQ = 32   # earlier rows per comparison tile of a flush's repeat search ([BLOCK, FLUSH_BQ]: no register spills)
@@ -95,25 +96,10 @@ def _commit_prep_kernel(slots_ptr, acc_ptr, pos_ptr, par_ptr, track_ptr, steps_p
             tl.store(out_ptr + 7 * B + r, tl.where(on, st, -1).to(tl.int32), mask=m)
         if HAS_COUNTS:   # reference.replay.count_commit of (rows, acc); int64 throughout
             cur = tl.where(live, tl.load(cursor_ptr + rows, mask=live, other=0).to(tl.int64), 0)
-            new = cur + acc
-            fo = live & (new >= W)
-            n_rows += tl.sum(live.to(tl.int64), axis=0)
-            held += tl.sum(cur, axis=0)
-            folds += tl.sum(fo.to(tl.int64), axis=0)
-            folded += tl.sum(tl.where(fo, new, 0), axis=0)
-            accepted += tl.sum(acc, axis=0)
-            after += tl.sum(tl.where(fo, 0, new), axis=0)
+            n_rows, held, folds, folded, accepted, after = add_commit_counts(live, cur, acc, W, n_rows, held, folds,
+                                                                             folded, accepted, after)
     if HAS_COUNTS:
-        tokens = n_rows * T
-        tl.store(counts_ptr + 3, tl.load(counts_ptr + 3) + n_rows)
-        tl.store(counts_ptr + 4, tl.load(counts_ptr + 4) + tokens)
-        tl.store(counts_ptr + 5, tl.load(counts_ptr + 5) + held)
-        tl.store(counts_ptr + 6, tl.load(counts_ptr + 6) + folds)
-        tl.store(counts_ptr + 7, tl.load(counts_ptr + 7) + folded)
-        tl.store(counts_ptr + 8, tl.load(counts_ptr + 8) + accepted)
-        tl.store(counts_ptr + 9, tl.load(counts_ptr + 9) + tokens - accepted)
-        tl.store(counts_ptr + 10, after)
-        tl.store(counts_ptr + 11, n_rows)
+        store_commit_counts(counts_ptr, T, n_rows, held, folds, folded, accepted, after)
 
 
 @triton.jit

@@ -63,14 +63,25 @@ def _count_commit_kernel(cursor_ptr, slots_ptr, acc_ptr, counts_ptr, B, T, W, BL
         live = m & (s > 0)
         cur = tl.where(live, tl.load(cursor_ptr + tl.maximum(s, 0), mask=m, other=0).to(tl.int64), 0)
         a = tl.where(live, tl.load(acc_ptr + o, mask=m, other=0).to(tl.int64), 0)
-        new = cur + a
-        fo = live & (new >= W)
-        rows += tl.sum(live.to(tl.int64), axis=0)
-        held += tl.sum(cur, axis=0)
-        folds += tl.sum(fo.to(tl.int64), axis=0)
-        folded += tl.sum(tl.where(fo, new, 0), axis=0)
-        accepted += tl.sum(a, axis=0)
-        after += tl.sum(tl.where(fo, 0, new), axis=0)
+        rows, held, folds, folded, accepted, after = add_commit_counts(live, cur, a, W, rows, held, folds, folded,
+                                                                       accepted, after)
+    store_commit_counts(counts_ptr, T, rows, held, folds, folded, accepted, after)
+
+
+@triton.jit
+def add_commit_counts(live, cur, acc, W, rows, held, folds, folded, accepted, after):
+    """A block of a verify's counts (reference.replay.count_commit): ``live`` rows with cursors ``cur`` and ``acc``
+    accepted drafts (both 0 where not live, int64), added to the running sums, which are returned."""
+    new = cur + acc
+    fo = live & (new >= W)
+    return (rows + tl.sum(live.to(tl.int64), axis=0), held + tl.sum(cur, axis=0),
+            folds + tl.sum(fo.to(tl.int64), axis=0), folded + tl.sum(tl.where(fo, new, 0), axis=0),
+            accepted + tl.sum(acc, axis=0), after + tl.sum(tl.where(fo, 0, new), axis=0))
+
+
+@triton.jit
+def store_commit_counts(counts_ptr, T, rows, held, folds, folded, accepted, after):
+    """A verify's counts of ``T`` drafts a row into STEP_COUNTS' slots 3..11 (totals added, the last two set)."""
     tokens = rows * T
     tl.store(counts_ptr + 3, tl.load(counts_ptr + 3) + rows)
     tl.store(counts_ptr + 4, tl.load(counts_ptr + 4) + tokens)

@@ -50,7 +50,7 @@ def _c(*ts):
     they already are). The token inputs (GDN / KDA q, k, v; Mamba-2 x, dt, B, C, z) go to the kernels as SGLang's views
     of one projection: the kernels read them by token rows (kernels.checks.token_rows), saving a copy per input per
     layer."""
-    return tuple(t if t is None or t.is_contiguous() else t.contiguous() for t in ts)
+    return tuple(None if t is None else t.contiguous() for t in ts)
 
 
 def _heads(A_log: torch.Tensor, H: int) -> torch.Tensor:
