@@ -9,6 +9,10 @@
 #                  --enable-linear-replayssm-spec + NGRAM and ours + NGRAM (4 draft tokens) start; tokens,
 #                  logprobs, profiles (ours also with python stacks), bench at 128 and 1
 #   PHASE=again    a second round of the NGRAM servers' rows (what the budget allows)
+#   PHASE=recheck  CUDA checks of the kernels (pytest, TRITON_INTERPRET=0), the checkpoint, the NGRAM servers alone,
+#                  tokens + logprobs, then their rows (FLEET_CONC / FLEET_PROMPTS / FLEET_ROUNDS, default c1 x 24
+#                  and c128 x 512 prompts, twice: >= 60 s of traffic a row); PHASE=rows goes on with the rows not
+#                  done yet (PROF_CONC=1: first a profile of the NGRAM servers at 1 running)
 set -u
 source "$(dirname "$0")/h200_site.sh"
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
@@ -23,7 +27,7 @@ profiles() {   # NAME... : a profile of each running server at 128 running reque
   # stacks, named NAME_stack); every summary so far into one file
   for n in "$@"; do
     port=$(python3 -c "import json;print(json.load(open('$STATE/servers.json'))['$n']['port'])")
-    $P capture "$port" "$n${STACK:+_stack}" "$STATE/prof" --conc 128 --steps 6 ${STACK:+--stack}
+    $P capture "$port" "$n${STACK:+_stack}${PROF_CONC:+_c$PROF_CONC}" "$STATE/prof" --conc ${PROF_CONC:-128} --steps 6 ${STACK:+--stack}
   done
   python3 - "$STATE/prof" "$OUT/profiles.json" <<'PY'
 import glob, json, os, sys
@@ -50,6 +54,21 @@ ngram)
   profiles ${NGRAM//,/ }
   STACK=1 profiles gdn_ours_fp32_ngram
   FLEET_ONLY=$NGRAM FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))
+  ;;
+recheck)
+  [ -f $CKPT/qwen3_next/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
+    "$H/ckpt" $CKPT --depth full --family qwen3_next --echo-cycle 16) &
+  (PYTHONPATH= TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_token_rows.py \
+    tests/kernels/test_gdn.py tests/kernels/test_mamba2.py tests/kernels/test_kda.py tests/kernels/test_commit_ops.py \
+    2>&1 | tee "$OUT/pytest_cuda.txt" | tail -15)
+  wait
+  FLEET_ONLY=$NGRAM $F start $CKPT $STATE
+  FLEET_ONLY=$NGRAM $F tokens $STATE 240
+  ;&
+rows)
+  [ -z "${PROF_CONC:-}" ] || profiles ${NGRAM//,/ }
+  FLEET_ONLY=$NGRAM FLEET_ROUNDS=${FLEET_ROUNDS:-2} FLEET_CONC=${FLEET_CONC:-1,128} \
+    FLEET_PROMPTS=${FLEET_PROMPTS:-1:24,128:512} $F bench $STATE $(( $(left) - 20 ))
   ;;
 again)
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=2 FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))
