@@ -13,6 +13,8 @@
 #                  tokens + logprobs, then their rows (FLEET_CONC / FLEET_PROMPTS / FLEET_ROUNDS, default c1 x 24
 #                  and c128 x 512 prompts, twice: >= 60 s of traffic a row); PHASE=rows goes on with the rows not
 #                  done yet (PROF_CONC=1: first a profile of the NGRAM servers at 1 running)
+#   PHASE=m2       the NGRAM servers stop; the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
+#                  stock and ours (defaults) without drafts, tokens + logprobs, rows c128 x 512 and c1 x 24 prompts
 set -u
 source "$(dirname "$0")/h200_site.sh"
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
@@ -69,6 +71,15 @@ rows)
   [ -z "${PROF_CONC:-}" ] || profiles ${NGRAM//,/ }
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=${FLEET_ROUNDS:-2} FLEET_CONC=${FLEET_CONC:-1,128} \
     FLEET_PROMPTS=${FLEET_PROMPTS:-1:24,128:512} $F bench $STATE $(( $(left) - 20 ))
+  ;;
+m2)
+  $F stop $STATE ${NGRAM//,/ }
+  [ -f $CKPT/nemotron_h/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
+    "$H/ckpt" $CKPT --depth full --family nemotron_h --echo-cycle 16)
+  FLEET_ONLY=m2_stock,m2_ours_fp32 $F start $CKPT $STATE
+  FLEET_ONLY=m2_stock,m2_ours_fp32 $F tokens $STATE 200
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+  FLEET_ONLY=m2_stock,m2_ours_fp32 FLEET_CONC=128,1 FLEET_PROMPTS=128:512,1:24 $F bench $STATE $(( $(left) - 20 ))
   ;;
 again)
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=2 FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))
