@@ -18,6 +18,8 @@ The summary (``summarize``), over the window from the first to the last GPU acti
 * ``syncs``: every host call that waits for the device (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
   ``cudaEventSynchronize``, and the ``cudaMemcpy*`` whose GPU side is a device-to-host copy), counted by where
   it comes from: the innermost python frames (``--stack``) or else the innermost torch op around it;
+* ``launches``: kernel and graph launches by call; ``launches_where``: the eager ones (not ``cudaGraphLaunch``) by
+  where they come from, as for ``syncs``;
 * ``kernels``: GPU time by class (the SSM and short-conv kernels, attention, MoE, GEMM, copies, other; by
   kernel name, ``KERNEL_CLASSES``) and the 15 kernels of most GPU time.
 """
@@ -37,6 +39,7 @@ from pathlib import Path
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 GAP_US = 20.0
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaGraphLaunch", "cuLaunchKernel", "cuLaunchKernelEx")
 SKIP_FRAMES = ("<built-in", "torch/", "threading.py", "contextlib.py", "sync_check.py")   # frames that say nothing
 # (class, pattern on the kernel name), first match wins
 KERNEL_CLASSES = (
@@ -108,8 +111,11 @@ def summarize(trace: dict, steps: int | None = None) -> dict:
         if name in SYNC_CALLS or (name.startswith("cudaMemcpy") and e.get("args", {}).get("correlation") in d2h):
             syncs[f"{name} @ {_where(e, frames, (e.get('pid'), e.get('tid')))}"] += 1
             sync_us += e["dur"]
-    launches = Counter(e["name"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                       and e["name"] in ("cudaLaunchKernel", "cudaGraphLaunch", "cuLaunchKernel", "cuLaunchKernelEx"))
+    launch_ev = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["name"] in LAUNCH_CALLS]
+    launches = Counter(e["name"] for e in launch_ev)
+    # where the eager launches (outside a graph) come from: with --stack the innermost python frames
+    launch_where = Counter(_where(e, frames, (e.get("pid"), e.get("tid")))
+                           for e in launch_ev if e["name"] != "cudaGraphLaunch")
     by_class: Counter = Counter()
     by_kernel: Counter = Counter()
     count: Counter = Counter()
@@ -124,6 +130,7 @@ def summarize(trace: dict, steps: int | None = None) -> dict:
         "gaps": {"count": len(gaps), "total_ms": sum(gaps) / 1e3, "largest_us": [round(g, 1) for g in gaps[:5]]},
         "syncs": {"count": sum(syncs.values()), "host_ms": sync_us / 1e3, "where": dict(syncs.most_common(20))},
         "launches": dict(launches),
+        "launches_where": dict(launch_where.most_common(25)),
         "kernels": {"busy_ms": busy / 1e3,
                     "share_of_busy": {c: round(t / max(busy, 1e-9), 4) for c, t in by_class.most_common()},
                     "top": [{"name": k, "ms": round(t / 1e3, 3), "calls": count[k]}

@@ -12,7 +12,8 @@
 #   PHASE=recheck  CUDA checks of the kernels (pytest, TRITON_INTERPRET=0), the checkpoint, the NGRAM servers alone,
 #                  tokens + logprobs, then their rows (FLEET_CONC / FLEET_PROMPTS / FLEET_ROUNDS, default c1 x 24
 #                  and c128 x 512 prompts, twice: >= 60 s of traffic a row); PHASE=rows goes on with the rows not
-#                  done yet (PROF_CONC=1: first a profile of the NGRAM servers at 1 running)
+#                  done yet (PROF_CONC=1: first profiles of the NGRAM servers at 1 running,
+#                  ours and SGLang's RS-spec also with python stacks)
 #   PHASE=m2       the NGRAM servers stop; the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock and ours (defaults) without drafts, tokens + logprobs, rows c128 x 512 and c1 x 24 prompts
 set -u
@@ -68,7 +69,7 @@ recheck)
   FLEET_ONLY=$NGRAM $F tokens $STATE 240
   ;&
 rows)
-  [ -z "${PROF_CONC:-}" ] || profiles ${NGRAM//,/ }
+  if [ -n "${PROF_CONC:-}" ]; then profiles ${NGRAM//,/ }; STACK=1 profiles gdn_ours_fp32_ngram gdn_sglang_replayssm_ngram; fi
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=${FLEET_ROUNDS:-2} FLEET_CONC=${FLEET_CONC:-1,128} \
     FLEET_PROMPTS=${FLEET_PROMPTS:-1:24,128:512} $F bench $STATE $(( $(left) - 20 ))
   ;;

@@ -46,6 +46,9 @@ def test_window_busy_share_and_gaps():
     assert s["gpu_busy"] == pytest.approx((200 + 50 + 140) / 500)
     assert s["gaps"]["count"] == 1 and s["gaps"]["largest_us"] == [100.0]
     assert s["launches"] == {"cudaGraphLaunch": 1, "cuLaunchKernelEx": 1}
+    # the eager launch (not the graph's) named by its innermost enclosing frame: the plugin's commit
+    assert s["launches_where"] == {"sglang_replayssm/sglang_plugin/spec.py(120): _commit < "
+                                   "sglang/srt/managers/scheduler.py(10): event_loop": 1}
 
 
 def test_every_sync_is_found_and_named_by_its_innermost_frame():
