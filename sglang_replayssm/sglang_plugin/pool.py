@@ -279,16 +279,20 @@ class ReplayMambaPool(_SGLangMambaPool):
     @sync_checked
     def open_tree_verify(self, next_token: torch.Tensor | None, next_sibling: torch.Tensor | None, bs: int,
                          T: int) -> None:
-        """``open_verify`` of a draft tree given as SGLang's first-child / next-sibling arrays ([>= bs, T] or
+        """``open_verify`` of a draft tree given as SGLang's first-child / next-sibling arrays ([rows, T] or
         flat, device): the parents are made straight into the persistent buffer (``ops.tree_parents``: one launch
-        with the kernels). Absent arrays (CUDA-graph capture dummies) make chains."""
+        with the kernels). Absent arrays (CUDA-graph capture dummies) make chains, and so do the rows past the
+        arrays' own: a CUDA-graph replay pads ``bs`` up to a captured size (13 requests run as 14) while SGLang's
+        arrays keep the real rows only; the padding rows carry slot -1 and commit nothing."""
         self.settle()
         out = self._parents_out(bs, T)
-        if next_token is None or next_sibling is None:
-            out.copy_(torch.arange(-1, T - 1, dtype=torch.int32, device=out.device).expand(bs, T))
-        else:
-            self.replay.ops.tree_parents(next_token.reshape(-1, T)[:bs].contiguous(),
-                                         next_sibling.reshape(-1, T)[:bs].contiguous(), out)
+        rows = 0 if next_token is None or next_sibling is None else min(bs, next_token.numel() // T,
+                                                                          next_sibling.numel() // T)
+        if rows:
+            self.replay.ops.tree_parents(next_token.reshape(-1, T)[:rows].contiguous(),
+                                         next_sibling.reshape(-1, T)[:rows].contiguous(), out[:rows])
+        if rows < bs:
+            out[rows:].copy_(torch.arange(-1, T - 1, dtype=torch.int32, device=out.device).expand(bs - rows, T))
         self.verify_parents = out
 
     def _parents_out(self, bs: int, T: int) -> torch.Tensor:

@@ -390,6 +390,30 @@ def test_cuda_graph_replay_metadata_notes_decode_rows_and_padding_hits_slot_0():
         assert not torch.equal(after[1], before[1]) and not torch.equal(after[2], before[2])
 
 
+def test_cuda_graph_replay_of_a_padded_tree_verify_opens_with_chains_on_the_padding_rows(ops):
+    """A tree verify of 3 requests replayed in the graph captured for 4 (SGLang pads to a captured size; on the
+    H200 13 running requests replayed as 14 killed the scheduler once): SGLang's draft-tree arrays hold the 3 real
+    rows only. The verify opens: the real rows' parents from the tree, the padding row a chain (its slot is -1)."""
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    T = 4
+    with replayssm(window=4), sglang_context(speculative_num_draft_tokens=T, speculative_eagle_topk=2) as sa:
+        req_pool = make_req_pool("gdn", size=4, drafts=T)
+        be = GDNAttnBackend(fake_runner(sa, req_pool))
+        be.init_cuda_graph_state(4, 4 * T)
+        nxt = torch.tensor([[1, -1, 3, -1], [1, 2, 3, -1], [1, -1, 3, -1]])
+        sib = torch.tensor([[-1, 2, -1, -1], [-1, -1, -1, -1], [-1, 2, -1, -1]])
+        spec = SimpleNamespace(draft_token_num=T, ragged_verify_layout=None, retrieve_next_token=nxt,
+                               retrieve_next_sibling=sib)
+        fb = _batch(ForwardMode.TARGET_VERIFY, [2, 3, 4, 2], req_pool, spec, T)
+        fb.seq_lens_cpu = torch.tensor([8, 8, 8, 1], dtype=torch.int32)   # the padding row: SGLang's fill value
+        be.init_forward_metadata_out_graph(fb)
+        assert be.forward_metadata.mamba_cache_indices.tolist() == [2, 3, 4, -1]
+        pool = req_pool.mamba_pool
+        assert pool.verify_parents.tolist() == [[-1, 0, 0, 2], [-1, 0, 1, 2], [-1, 0, 0, 2], [-1, 0, 1, 2]]
+
+
 def test_slot_conversion_is_made_once_a_step_and_afresh_for_the_next_step():
     """Every layer of a step passes the same index tensor; its int32 slots are made once (pool.step_slots). SGLang's
     CUDA-graph metadata refills one static buffer each step: the next noted step converts the new rows, never
