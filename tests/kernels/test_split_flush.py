@@ -10,8 +10,7 @@ from sglang_replayssm.kernels.tuning import KernelTuning
 from sglang_replayssm.reference import gdn as rgdn, kda as rkda, mamba2 as rm2
 
 from . import test_gdn, test_kda, test_mamba2
-from .helpers import DEV, assert_untouched, clone_pool, close, make_pool, snapshot
-from .test_gdn import compare_pools
+from .helpers import DEV, assert_untouched, clone_pool, close, compare_pools, make_pool, snapshot
 
 
 def _step_inputs(family, g, pool, B):
