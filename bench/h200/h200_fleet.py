@@ -60,7 +60,8 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
 ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
 # stock-vs-other greedy comparisons: (reference, candidate)
 PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn_stock"] + \
-        [("m2_stock", "m2_ours_fp32")]
+        [("gdn_stock_ngram", n) for n in SERVERS if n.startswith("gdn_") and n.endswith("_ngram")
+         and n != "gdn_stock_ngram"] + [("m2_stock", "m2_ours_fp32")]   # the NGRAM servers also against stock + NGRAM
 CONCURRENCY = tuple(int(c) for c in ENV("FLEET_CONC", "64,256").split(","))
 INPUT_LEN, OUTPUT_LEN = int(ENV("FLEET_IN", "512")), int(ENV("FLEET_OUT", "256"))
 # FLEET_PROMPTS=1:12,64:256: prompts per concurrency (default: 3 per slot, 2 at 256)

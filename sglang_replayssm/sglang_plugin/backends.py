@@ -256,9 +256,14 @@ def note_step(backend, forward_batch) -> None:
         bs = int(forward_batch.batch_size)
         pool.note_decode(idx[:bs])
         mask = getattr(forward_batch, "mamba_track_mask", None)
+        dst = getattr(md, "mamba_track_indices", None)
         if mask is not None:   # extra_buffer: rows at a track boundary (copied after the step, track.py)
-            dst = getattr(md, "mamba_track_indices", None)
             pool.note_track(idx, mask, forward_batch.mamba_track_indices if dst is None else dst, bs)
+        elif dst is not None and not hasattr(forward_batch, "mamba_track_mask"):
+            # a CUDA-graph replay: SGLang's replay view of the batch has no track mask (the captured track-save
+            # reads its static copy), and the graph holds no copy of ours: the mask comes with the real batch
+            # after the forward (pool.settle_all)
+            pool.await_track_mask(idx, dst)
     elif mode.is_extend():
         # Prefill (or mixed prefill + decode). SGLang's chunked kernels read the checkpoint as the
         # initial state, so every row they process must have an empty ring: fold any committed

@@ -17,8 +17,8 @@ _GDN = "sglang.srt.layers.attention.linear.gdn_backend"
 _KDA = "sglang.srt.layers.attention.linear.kda_backend"
 
 
-def _settle_after_forward(result, *args, **kwargs):
-    settle_all()
+def _settle_after_forward(result, runner, forward_batch=None, *args, **kwargs):
+    settle_all(forward_batch)
     return result
 
 

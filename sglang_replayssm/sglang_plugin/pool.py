@@ -91,8 +91,12 @@ def lookup_layer(ssm_states: torch.Tensor):
     return pool, hit[1]
 
 
-def settle_all() -> None:
+def settle_all(forward_batch=None) -> None:
+    """After ``ModelRunner.forward``: every pool's deferred cursor move and track copies; ``forward_batch`` (the real
+    batch) brings the track mask of a decode step replayed in a CUDA graph (``ReplayMambaPool.await_track_mask``)."""
+    mask = getattr(forward_batch, "mamba_track_mask", None)
     for pool in list(_POOLS):
+        pool.take_track_mask(mask, getattr(forward_batch, "batch_size", 0))
         pool.settle()
 
 
@@ -108,6 +112,7 @@ class ReplayMambaPool(_SGLangMambaPool):
     replay: ReplayStatePool | None = None
     verify_parents: torch.Tensor | None = None  # [B, T] tree parents of the open verify (None: chain)
     last_metadata = None  # the backend metadata object whose step was last noted
+    _track_awaiting_mask: tuple[torch.Tensor, torch.Tensor] | None = None   # (src, dst) of await_track_mask
     step_slots = None     # (SGLang's index tensor, our int32 slots) of this step's layers (backends._slots)
     _parents_buf: torch.Tensor | None = None
 
@@ -244,6 +249,18 @@ class ReplayMambaPool(_SGLangMambaPool):
         if self._pending_track is not None:
             self._copy_tracked(*self._pending_track)
             self._pending_track = None
+
+    def await_track_mask(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """This decode step runs in a CUDA graph, whose metadata view has no track mask: ``src`` / ``dst`` (SGLang's
+        static buffers for the step) wait for the real batch's mask after the forward (``take_track_mask``)."""
+        self._track_awaiting_mask = (src, dst)
+
+    def take_track_mask(self, mask: torch.Tensor | None, bs: int) -> None:
+        """The mask of the step that ``await_track_mask`` noted (None: no row at a track boundary, or not a decode
+        step of ours): its rows are noted for the copy after the cursor move."""
+        awaiting, self._track_awaiting_mask = self._track_awaiting_mask, None
+        if awaiting is not None and mask is not None:
+            self.note_track(awaiting[0], mask, awaiting[1], bs)
 
     @sync_checked
     def note_track(self, src: torch.Tensor, mask: torch.Tensor, dst: torch.Tensor, bs: int) -> None:

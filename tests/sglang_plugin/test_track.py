@@ -68,6 +68,59 @@ def test_decode_track_copies_the_whole_slot_after_the_step():
         assert int(pool.replay.cursor[5]) == 0 and not pool.replay.ckpt[:, 5].any()
 
 
+def test_decode_track_in_a_cuda_graph_replay_is_copied_after_the_forward():
+    """Decode in a CUDA graph: SGLang makes the replay metadata from a view of the batch that has no track mask
+    (``build_replay_fb_view``: its captured track-save reads a static copy) and the replayed graph runs no Python,
+    so no layer notes the track. The copy still happens: the metadata hook keeps the step's rows and destinations,
+    and the ModelRunner.forward hook brings the real batch's mask."""
+    import inspect
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner
+
+    from sglang_replayssm.sglang_plugin import engine_hooks
+
+    assert "mamba_track_mask" not in inspect.getsource(decode_cuda_graph_runner.build_replay_fb_view)
+    torch.manual_seed(5)
+    with replayssm(window=4), sglang_context() as sa:
+        req_pool = make_req_pool("gdn", size=5)
+        pool = req_pool.mamba_pool
+        be = _delta_backend("gdn", sa, req_pool)
+        be.init_cuda_graph_state(4, 4)
+        slots = [1, 2]
+        A_log, dt_bias = torch.randn(GDN["H"]) * 0.3, torch.randn(GDN["H"]) * 0.3
+        _decode_step(be, req_pool, slots, A_log, dt_bias)
+        # the replayed step: 2 requests in the graph of 4; slot 1 at a track boundary (its state after the step ->
+        # slot 4), slot 2 not
+        fb = _batch(ForwardMode.DECODE, slots, req_pool)
+        fb.mamba_track_mask = torch.tensor([True, False])
+        fb.mamba_track_indices = torch.tensor([4, -1], dtype=torch.int64)
+        view = SimpleNamespace(batch_size=4, forward_mode=ForwardMode.DECODE, actual_forward_mode=ForwardMode.DECODE,
+                               req_pool_indices=torch.tensor([0, 1, 0, 0], dtype=torch.int32),
+                               seq_lens=torch.tensor([8, 8, 1, 1], dtype=torch.int32),
+                               seq_lens_cpu=torch.tensor([8, 8, 1, 1], dtype=torch.int32), num_padding=2,
+                               spec_info=None, mamba_track_indices=torch.tensor([4, -1, 0, 0], dtype=torch.int64))
+        be.init_forward_metadata_out_graph(view)
+        idx = be.forward_metadata.mamba_cache_indices
+        assert idx.tolist() == [1, 2, -1, -1]
+        for layer_id in (0, 2):   # what the graph runs: the layers' kernels, no track-save of ours
+            cache = req_pool.mamba2_layer_cache(layer_id)
+            q, k, v, a, b = _delta_inputs("gdn", 4)
+            be.kernel_dispatcher.decode(q[None], k[None], v[None], a, b, A_log=A_log, dt_bias=dt_bias,
+                                        ssm_states=cache.temporal, cache_indices=idx, query_start_loc=None)
+            cache.conv[0][slots] = torch.randn_like(cache.conv[0][slots])
+        assert int(pool.replay.cursor[4]) == 0
+        engine_hooks._settle_after_forward(None, SimpleNamespace(), fb)   # the ModelRunner.forward hook
+        assert pool.replay.cursor[[1, 2, 4]].tolist() == [2, 2, 2]
+        for layer in range(2):
+            torch.testing.assert_close(pool.materialize(layer, [4]), pool.materialize(layer, [1]), rtol=0, atol=0)
+        for conv in pool.mamba_cache.conv:
+            assert torch.equal(conv[:, 4], conv[:, 1])
+        # the next step (eager, nothing tracked) copies nothing more
+        _decode_step(be, req_pool, slots, A_log, dt_bias)
+        assert pool.replay.cursor[[1, 4]].tolist() == [3, 2]
+
+
 def test_mamba2_track_function_is_hooked_and_deferred():
     """Mamba2AttnBackend.forward calls the module function itself for its decode rows."""
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hyb
