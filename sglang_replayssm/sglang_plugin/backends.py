@@ -205,6 +205,15 @@ def _replay_pool(backend):
     return pool if getattr(pool, "replay", None) is not None else None
 
 
+def no_prefill_graph_extend(original, self) -> bool:
+    """KDAAttnBackend.supports_prefill_graph_extend: False over a ReplaySSM pool. SGLang can run a KDA prefill inside
+    its breakable prefill CUDA graph (GLM-5.3 Flash by default, other KDA models when a prefill graph backend is named),
+    with metadata from its own prefill-graph methods: the hooks that fold a prefilled row's ring first and refresh its
+    read copy after (``note_step``, ``_after_extend``, ``track.track_mamba_state_extend``) would run at capture only,
+    leaving replayed prefills with stale rings and read copies. The prefill runs as an eager break instead."""
+    return False if _replay_pool(self) is not None else original(self)
+
+
 @sync_checked
 def _after_extend(backend, layer_id: int, forward_batch) -> None:
     pool = _replay_pool(backend)

@@ -36,6 +36,7 @@ def engine_table() -> list[tuple[str, object, HookType]]:
         (f"{_HYB}.Mamba2AttnBackend.forward", backends.mamba2_forward, HookType.AROUND),
         (f"{_GDN}.GDNAttnBackend.forward_extend", backends.delta_forward_extend, HookType.AROUND),
         (f"{_KDA}.KDAAttnBackend.forward_extend", backends.delta_forward_extend, HookType.AROUND),
+        (f"{_KDA}.KDAAttnBackend.supports_prefill_graph_extend", backends.no_prefill_graph_extend, HookType.AROUND),
         # per-step metadata (eager and CUDA-graph replay)
         (f"{_HYB}.Mamba2AttnBackend.init_forward_metadata", backends.init_metadata_after, HookType.AFTER),
         (f"{_HYB}.Mamba2AttnBackend.init_forward_metadata_out_graph", backends.init_metadata_after, HookType.AFTER),

@@ -312,6 +312,19 @@ def test_delta_decode_verify_tree_commit_match_conventional(family, ops):
         torch.testing.assert_close(out[0], y, **TOL)
 
 
+def test_kda_prefill_stays_out_of_sglangs_prefill_graph_over_a_replay_pool():
+    """SGLang would run a KDA prefill inside its breakable prefill CUDA graph (GLM-5.3 Flash by default), where the
+    plugin's Python around a prefill runs at capture only: over a ReplaySSM pool the backend says it cannot."""
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+
+    with replayssm(window=4), sglang_context() as sa:
+        be = _delta_backend("kda", sa, make_req_pool("kda", size=2))
+        be.kernel_dispatcher.extend_kernel = SimpleNamespace(prefill_graph_wrapper_cls=object)
+        be.accept_lens_pool = None
+        assert KDAAttnBackend.supports_prefill_graph_extend.__wrapped__(be) is True   # SGLang's own answer
+        assert be.supports_prefill_graph_extend() is False
+
+
 def test_prefill_batch_folds_pending_records_first():
     """A prefill / mixed batch: SGLang's chunked kernels read the checkpoint as the initial state, so the
     metadata hook folds the rows' committed records before them (GDN: all rows go through extend)."""
