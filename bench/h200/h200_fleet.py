@@ -54,8 +54,13 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     # SGLang refuses --enable-linear-replayssm together with its spec variant (they share the ring)
     "gdn_sglang_replayssm_ngram": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM]),
     "gdn_ours_fp8_ngram": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8", *NGRAM]),
-    "gdn_ours_synccheck": ("plugin", "qwen3_next", [*XBUF, *NGRAM]),
-    "m2_ours_synccheck": ("plugin", "nemotron_h", [*XBUF, *NGRAM]),
+    # the sync check's mode is process-wide while a step runs: the overlap scheduler off (docs/sglang_on_gpu.md)
+    "gdn_ours_synccheck": ("plugin", "qwen3_next", [*XBUF, *NGRAM, "--disable-overlap-schedule"]),
+    "m2_ours_synccheck": ("plugin", "nemotron_h", [*XBUF, *NGRAM, "--disable-overlap-schedule"]),
+    # SGLang's own defaults for a server: the overlap scheduler on, extra_buffer (gpu_server_args keeps overlap on)
+    "gdn_stock_overlap": ("stock", "qwen3_next", XBUF),
+    "gdn_sglang_replayssm_overlap": ("stock", "qwen3_next", ["--enable-linear-replayssm", *XBUF]),
+    "gdn_ours_fp32_overlap": ("plugin", "qwen3_next", XBUF),
 }
 ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
 # stock-vs-other greedy comparisons: (reference, candidate)

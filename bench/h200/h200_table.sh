@@ -14,6 +14,8 @@
 #                  and c128 x 512 prompts, twice: >= 60 s of traffic a row); PHASE=rows goes on with the rows not
 #                  done yet (PROF_CONC=1: first profiles of the NGRAM servers at 1 running,
 #                  ours and SGLang's RS-spec also with python stacks)
+#   PHASE=overlap  SGLang's own serving defaults (the overlap scheduler on, extra_buffer, radix cache): stock, SGLang
+#                  --enable-linear-replayssm and ours without drafts, alone, tokens, rows c1 x 24 and c128 x 512 twice
 #   PHASE=m2       the NGRAM servers stop; the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock and ours (defaults) without drafts, tokens + logprobs, rows c128 x 512 and c1 x 24 prompts
 set -u
@@ -72,6 +74,14 @@ rows)
   if [ -n "${PROF_CONC:-}" ]; then profiles ${NGRAM//,/ }; STACK=1 profiles gdn_ours_fp32_ngram gdn_sglang_replayssm_ngram; fi
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=${FLEET_ROUNDS:-2} FLEET_CONC=${FLEET_CONC:-1,128} \
     FLEET_PROMPTS=${FLEET_PROMPTS:-1:24,128:512} $F bench $STATE $(( $(left) - 20 ))
+  ;;
+overlap)
+  OVERLAP=gdn_stock_overlap,gdn_sglang_replayssm_overlap,gdn_ours_fp32_overlap
+  [ -f $CKPT/qwen3_next/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
+    "$H/ckpt" $CKPT --depth full --family qwen3_next --echo-cycle 16)
+  FLEET_ONLY=$OVERLAP $F start $CKPT $STATE
+  FLEET_ONLY=$OVERLAP $F tokens $STATE 240
+  FLEET_ONLY=$OVERLAP FLEET_ROUNDS=2 FLEET_CONC=1,128 FLEET_PROMPTS=1:24,128:512 $F bench $STATE $(( $(left) - 20 ))
   ;;
 m2)
   $F stop $STATE ${NGRAM//,/ }

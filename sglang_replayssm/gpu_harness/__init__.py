@@ -38,12 +38,25 @@ GPU_DEFAULTS: dict[str, str | None] = {
 
 
 def gpu_server_args(argv: list[str]) -> list[str]:
-    """``argv`` plus every GPU default it does not set itself."""
+    """``argv`` plus every GPU default it does not set itself. The overlap scheduler stays on (no
+    ``--disable-overlap-schedule``) when ``argv`` names a radix-cache strategy other than ``no_buffer``: only that
+    one needs it off, and SGLang's own default (overlap on, ``extra_buffer``) is what users serve with."""
     out = list(argv)
+    strategy = _flag_value(argv, "--mamba-radix-cache-strategy")
     for flag, value in GPU_DEFAULTS.items():
-        if not _given(argv, flag):
-            out += [flag] if value is None else [flag, value]
+        if _given(argv, flag) or (flag == "--disable-overlap-schedule" and strategy not in (None, "no_buffer")):
+            continue
+        out += [flag] if value is None else [flag, value]
     return out
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
 
 
 def harness_env(env: dict | None = None) -> dict:
