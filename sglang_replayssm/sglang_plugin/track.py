@@ -14,8 +14,8 @@ The hooks here keep what the tree stores exact:
   tensors; in a CUDA-graph replay, whose metadata view of the batch has no mask, the rows and destinations wait
   for the real batch's mask, which the ``ModelRunner.forward`` hook hands to ``settle_all``), and
   ``ReplayMambaPool.settle`` does it once the step's cursor move is applied: the destination gets the source's
-  whole slot (checkpoint, read copy, record ring, cursor, SR counter) and its conv state. The live slot is not touched (no fold), the copy
-  is masked on the device (no host sync), and a copied ring resumes exactly. SGLang's own copy
+  whole slot (checkpoint, read copy, record ring, cursor, SR counter) and its conv state. The live slot is not
+  touched (no fold), the copy is masked on the device (no host sync), and a copied ring resumes exactly. SGLang's own copy
   (``MambaAttnBackendBase._track_mamba_state_decode``; for Mamba-2, which calls the module function
   itself, ``hybrid_linear_attn_backend.track_mamba_states_if_needed``) is replaced by a note of the same
   rows (the first note of a step stands; a mixed Mamba-2 batch's decode rows are noted there).
