@@ -28,6 +28,10 @@ NODRAFT=gdn_stock,gdn_sglang_replayssm,gdn_ours_fp32
 NGRAM=gdn_stock_ngram,gdn_sglang_replayssm_ngram,gdn_ours_fp32_ngram
 export FLEET_MAX_RUNNING=128 FLEET_TOTAL_TOKENS=${FLEET_TOTAL_TOKENS:-200000} FLEET_IN=1024 FLEET_OUT=512
 export FLEET_EXTRA="--disable-prefill-cuda-graph --enable-metrics" FLEET_STAGGER_S=2
+echo_ckpt() {   # FAMILY: the full-depth echo checkpoint of FAMILY under $CKPT, once per machine
+  [ -f $CKPT/$1/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
+    "$H/ckpt" $CKPT --depth full --family $1 --echo-cycle 16)
+}
 profiles() {   # NAME... : a profile of each running server at 128 running requests (STACK=1: with python
   # stacks, named NAME_stack); every summary so far into one file
   for n in "$@"; do
@@ -42,8 +46,7 @@ PY
 }
 case ${PHASE:-nodraft} in
 nodraft)
-  [ -f $CKPT/qwen3_next/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
-    "$H/ckpt" $CKPT --depth full --family qwen3_next --echo-cycle 16)
+  echo_ckpt qwen3_next
   FLEET_ONLY=$NODRAFT $F start $CKPT $STATE
   FLEET_ONLY=$NODRAFT $F tokens $STATE 240
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
@@ -61,8 +64,7 @@ ngram)
   FLEET_ONLY=$NGRAM FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))
   ;;
 recheck)
-  [ -f $CKPT/qwen3_next/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
-    "$H/ckpt" $CKPT --depth full --family qwen3_next --echo-cycle 16) &
+  echo_ckpt qwen3_next &
   (PYTHONPATH= TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_token_rows.py \
     tests/kernels/test_gdn.py tests/kernels/test_mamba2.py tests/kernels/test_kda.py tests/kernels/test_commit_ops.py \
     2>&1 | tee "$OUT/pytest_cuda.txt" | tail -15)
@@ -77,16 +79,14 @@ rows)
   ;;
 overlap)
   OVERLAP=gdn_stock_overlap,gdn_sglang_replayssm_overlap,gdn_ours_fp32_overlap
-  [ -f $CKPT/qwen3_next/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
-    "$H/ckpt" $CKPT --depth full --family qwen3_next --echo-cycle 16)
+  echo_ckpt qwen3_next
   FLEET_ONLY=$OVERLAP $F start $CKPT $STATE
   FLEET_ONLY=$OVERLAP $F tokens $STATE 240
   FLEET_ONLY=$OVERLAP FLEET_ROUNDS=2 FLEET_CONC=1,128 FLEET_PROMPTS=1:24,128:512 $F bench $STATE $(( $(left) - 20 ))
   ;;
 m2)
   $F stop $STATE ${NGRAM//,/ }
-  [ -f $CKPT/nemotron_h/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
-    "$H/ckpt" $CKPT --depth full --family nemotron_h --echo-cycle 16)
+  echo_ckpt nemotron_h
   FLEET_ONLY=m2_stock,m2_ours_fp32 $F start $CKPT $STATE
   FLEET_ONLY=m2_stock,m2_ours_fp32 $F tokens $STATE 200
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader

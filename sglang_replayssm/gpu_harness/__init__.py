@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sglang_replayssm.cpu_harness import _given, site_first
+from sglang_replayssm.cpu_harness import _flag, _given, site_first
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
@@ -42,21 +42,12 @@ def gpu_server_args(argv: list[str]) -> list[str]:
     ``--disable-overlap-schedule``) when ``argv`` names a radix-cache strategy other than ``no_buffer``: only that
     one needs it off, and SGLang's own default (overlap on, ``extra_buffer``) is what users serve with."""
     out = list(argv)
-    strategy = _flag_value(argv, "--mamba-radix-cache-strategy")
+    strategy = _flag(argv, "--mamba-radix-cache-strategy")
     for flag, value in GPU_DEFAULTS.items():
         if _given(argv, flag) or (flag == "--disable-overlap-schedule" and strategy not in (None, "no_buffer")):
             continue
         out += [flag] if value is None else [flag, value]
     return out
-
-
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def harness_env(env: dict | None = None) -> dict:
