@@ -17,14 +17,16 @@
    harness sets: SGLang launches a few Triton kernels on CPU tensors).
 5. Some SGLang modules are completed right after they are imported (``_AFTER_IMPORT``):
    ``layers/attention/mamba/mamba.py`` binds its causal-conv functions only on CUDA/NPU/XPU, so on CPU
-   they are bound to SGLang's own Triton versions (as its XPU branch does); the GDN backend's CPU conv
+   they are bound to SGLang's own Triton versions (as its XPU branch does); the GDN and KDA backends' CPU conv
    update has no per-draft conv window, so a target-verify call (``intermediate_conv_window=``) goes to
    SGLang's Triton conv update instead; GDN decode takes the packed Triton kernels it takes on a GPU
    (which is where SGLang's own ``--enable-linear-replayssm`` decode lives), and its prefill returns the
    per-chunk states ``h`` (as FLA's kernel does; the CPU op's wrapper returns None); the NGRAM worker builds
    the full tree mask the Triton attention backend reads, and so does the EAGLE / NEXTN verify;
    ``--mamba-radix-cache-strategy extra_buffer`` is allowed on the CPU platform (its track snapshots are SGLang's
-   Triton kernels and that ``h``); KDA's prefill and decode/verify kernels, unbound on CPU, are ``kda_ops.py``'s.
+   Triton kernels and that ``h``); KDA's prefill and decode/verify kernels, unbound on CPU, are ``kda_ops.py``'s;
+   with ``SGLANG_REPLAYSSM_CPU_OVERLAP=1`` speculative decoding keeps the overlap scheduler (SGLang turns it off on
+   the CPU platform).
 6. Test instrumentation: with ``SGLANG_REPLAYSSM_CPU_LOG_TREES=1`` every verify the plugin's pool opens with a draft
    tree prints a ``cpu-harness: tree verify`` line.
 """
@@ -178,7 +180,9 @@ def _bind_mamba_conv(mod) -> None:
             setattr(mod, name, fn)
 
 
-def _route_gdn_verify_conv(mod) -> None:
+def _route_verify_conv(mod) -> None:
+    """The GDN and KDA backends' CPU conv update has no per-draft conv window: a target-verify call
+    (``intermediate_conv_window=``) goes to SGLang's Triton conv update, which keeps them (as on a GPU)."""
     cpu_update = getattr(mod, "causal_conv1d_update", None)
     if cpu_update is None or getattr(cpu_update, "_cpu_harness", False):
         return
@@ -276,6 +280,18 @@ def _eagle_full_tree_mask(mod) -> None:
     mod.default_tree_mask_mode = lambda: mod.TreeMaskMode.FULL_MASK
 
 
+def _speculative_overlap_on_cpu(mod) -> None:
+    """SGLang turns the overlap scheduler off for speculative decoding on the CPU platform ("Overlap schedule is
+    not implemented for speculative decoding on CPU", its log says). Where the harness keeps the overlap scheduler
+    (``SGLANG_REPLAYSSM_CPU_OVERLAP=1``, ``cpu_server_args``), speculative decoding keeps it too, so the path a GPU
+    server takes by default runs here: the scheduler one batch ahead, NGRAM's worker splicing the previous step's
+    accepted tokens, EAGLE / NEXTN through SGLang's spec-v2 worker."""
+    from . import OVERLAP_ENV
+
+    if os.environ.get(OVERLAP_ENV) == "1":
+        mod._disable_overlap_schedule_for_cpu = lambda server_args: None
+
+
 TREE_LOG_ENV = "SGLANG_REPLAYSSM_CPU_LOG_TREES"
 
 
@@ -315,8 +331,10 @@ _AFTER_IMPORT = {
     "sglang.srt.speculative.ngram_worker": _ngram_full_tree_mask,
     "sglang.srt.layers.attention.linear.kernels.gdn_triton": _gdn_triton_on_cpu,
     "sglang.srt.arg_groups.mamba_hook": _mamba_snapshots_on_cpu,
+    "sglang.srt.arg_groups.speculative_hook": _speculative_overlap_on_cpu,
     "sglang.srt.layers.attention.mamba.mamba": _bind_mamba_conv,
-    "sglang.srt.layers.attention.linear.gdn_backend": _route_gdn_verify_conv,
+    "sglang.srt.layers.attention.linear.gdn_backend": _route_verify_conv,
+    "sglang.srt.layers.attention.linear.kda_backend": _route_verify_conv,
 }
 
 

@@ -29,7 +29,8 @@ GPU_DEFAULTS: dict[str, str | None] = {
     # SM90 would default GDN prefill to FlashInfer's Hopper kernel (flashinfer is not shipped)
     "--linear-attn-prefill-backend": "triton",
     "--linear-attn-decode-backend": "triton",
-    # the plugin's radix-cache strategy; SGLang refuses no_buffer with the overlap scheduler
+    # the plugin's radix-cache strategy; SGLang refuses no_buffer with the overlap scheduler while the radix
+    # cache is on (gpu_server_args adds the switch only then)
     "--mamba-radix-cache-strategy": "no_buffer",
     "--disable-overlap-schedule": None,
     # the model runner's warm-up imports flashinfer for its autotuner (not shipped), graphs off or on
@@ -38,13 +39,15 @@ GPU_DEFAULTS: dict[str, str | None] = {
 
 
 def gpu_server_args(argv: list[str]) -> list[str]:
-    """``argv`` plus every GPU default it does not set itself. The overlap scheduler stays on (no
-    ``--disable-overlap-schedule``) when ``argv`` names a radix-cache strategy other than ``no_buffer``: only that
-    one needs it off, and SGLang's own default (overlap on, ``extra_buffer``) is what users serve with."""
+    """``argv`` plus every GPU default it does not set itself. ``--disable-overlap-schedule`` is added only where
+    SGLang requires it: the radix cache on with the ``no_buffer`` strategy (the default here). With
+    ``--disable-radix-cache`` or another strategy the overlap scheduler stays on, as SGLang runs a server with
+    those flags."""
     out = list(argv)
-    strategy = _flag(argv, "--mamba-radix-cache-strategy")
+    needs_sync_scheduler = (not _given(argv, "--disable-radix-cache")
+                            and _flag(argv, "--mamba-radix-cache-strategy") in (None, "no_buffer"))
     for flag, value in GPU_DEFAULTS.items():
-        if _given(argv, flag) or (flag == "--disable-overlap-schedule" and strategy not in (None, "no_buffer")):
+        if _given(argv, flag) or (flag == "--disable-overlap-schedule" and not needs_sync_scheduler):
             continue
         out += [flag] if value is None else [flag, value]
     return out

@@ -1,5 +1,6 @@
 """The GPU harness's server flags (sglang_replayssm.gpu_harness.gpu_server_args): its defaults are added unless given;
-the overlap scheduler is turned off only for the no_buffer radix-cache strategy, which SGLang refuses with it."""
+the overlap scheduler is turned off only for the no_buffer radix-cache strategy with the radix cache on, which SGLang
+refuses with it."""
 
 from sglang_replayssm.gpu_harness import GPU_DEFAULTS, gpu_server_args
 
@@ -20,3 +21,13 @@ def test_overlap_stays_on_with_a_strategy_other_than_no_buffer():
         assert out.count("--mamba-radix-cache-strategy") + sum(a.startswith("--mamba-radix-cache-strategy=")
                                                                for a in out) == 1
     assert "--disable-overlap-schedule" in gpu_server_args(["--mamba-radix-cache-strategy", "no_buffer"])
+
+
+def test_overlap_stays_on_without_the_radix_cache():
+    """SGLang validates the strategy only while the radix cache is on: a server with --disable-radix-cache runs the
+    overlap scheduler by default (NGRAM included), and so does the harness's."""
+    for argv in (["--disable-radix-cache"], ["--disable-radix-cache", "--speculative-algorithm", "NGRAM"],
+                 ["--disable-radix-cache", "--mamba-radix-cache-strategy", "no_buffer"]):
+        assert "--disable-overlap-schedule" not in gpu_server_args(argv)
+    out = gpu_server_args(["--disable-radix-cache", "--disable-overlap-schedule"])
+    assert out.count("--disable-overlap-schedule") == 1

@@ -133,6 +133,20 @@ def replayssm_counters(server: SGLangServer) -> dict[str, float]:
     return {n: metric_value(text, n) for n in names}
 
 
+def server_args_say(server: SGLangServer, **expected) -> None:
+    """SGLang's resolved server arguments (the ``server_args={...}`` line it logs at start, after its own
+    resolution) hold ``expected``: e.g. that the overlap scheduler really ran (SGLang turns it off by itself in
+    some configurations)."""
+    import ast
+
+    log = server.log_path.read_text(errors="replace")
+    line = next((ln for ln in log.splitlines() if "server_args={" in ln), "")
+    assert line, f"{server.name}: SGLang logged no server_args"
+    args = ast.literal_eval(line[line.index("server_args=") + len("server_args="):].strip())
+    wrong = {k: args.get(k) for k, v in expected.items() if args.get(k) != v}
+    assert not wrong, f"{server.name}: resolved server args {wrong}, expected {expected}"
+
+
 def plugin_log_says(server: SGLangServer, *needles: str) -> None:
     """The plugin's start-up line names the pool it built (family, window, precisions, ops)."""
     log = server.log_path.read_text(errors="replace")
@@ -194,7 +208,7 @@ def _flush_cache(server: SGLangServer, wait_s: float = 10.0) -> None:
 
 def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer, turn1: list[int] | None = None,
                                               new_tokens: int = NEW_TOKENS, cached_tokens: int | None = None,
-                                              prime_ngram: bool = False) -> None:
+                                              prime_ngram: bool = False, same=None) -> None:
     """Turn 2 extends turn 1's prompt (default: ``PROMPTS[2]``) + answer (``new_tokens``): served from the radix
     cache (cached tokens reported; exactly ``cached_tokens`` when given), its answer equal to the same request on
     an empty cache, sent afterwards (so no state a turn-2 prefill tracked can be left in a reused slot), and its
@@ -203,7 +217,9 @@ def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer, turn1: list[
     ``prime_ngram`` (NGRAM speculative decoding): turn 1 is answered once, the cache flushed (radix tree and NGRAM
     corpus), turn 1 + answer put in the NGRAM corpus by a request that shares no radix prefix with it, and turn 1
     sent again: its drafts are now accepted several at a time (asserted), so what the radix cache keeps of turn 1
-    was committed from multi-token accepts."""
+    was committed from multi-token accepts. ``same``: how two greedy answers may part (default ``same_greedy``, by
+    transformers' logprobs; a model transformers cannot load brings its own oracle)."""
+    same = same_greedy if same is None else same
     turn1 = prompt_ids(server, PROMPTS[2]) if turn1 is None else list(turn1)
     _flush_cache(server)
     answer1 = server.generate(turn1, max_new_tokens=new_tokens)["output_ids"]
@@ -221,7 +237,7 @@ def multi_turn_hits_cache_and_equals_uncached(server: SGLangServer, turn1: list[
     assert cached["meta_info"]["cached_tokens"] > 0, cached["meta_info"]
     if cached_tokens is not None:
         assert cached["meta_info"]["cached_tokens"] == cached_tokens, (cached_tokens, cached["meta_info"])
-    why = same_greedy(server, turn2, cached["output_ids"], uncached["output_ids"])
+    why = same(server, turn2, cached["output_ids"], uncached["output_ids"])
     assert why is None, f"cached answer differs from uncached: {why}"
     toks, ref = cached["output_ids"], uncached["output_ids"]
     agree = next((i for i, (a, b) in enumerate(zip(toks, ref)) if a != b), len(toks))

@@ -2,7 +2,8 @@
 ReplaySSM, and our plugin at windows 1 / 4 / 16 with the reference ops and the Triton kernels (under
 Triton's interpreter), fp16-sr checkpoints with an fp8 read copy, and NGRAM speculative decoding. The
 window-16 server runs the radix cache's extra_buffer strategy, pages of 16 and the overlap scheduler; the NGRAM
-server runs extra_buffer too (track slots written at accepted-prefix boundaries by the verify commit).
+server runs extra_buffer and the overlap scheduler too (SGLang's defaults on a GPU; track slots written at
+accepted-prefix boundaries by the verify commit).
 
 SGLang's own ReplaySSM (a peer, not our code: what the H200 benchmarks compare against) runs with
 ``SGLANG_REPLAYSSM_PEER_TESTS=1``: its server adds ~100 s to CI's critical path."""
@@ -35,6 +36,7 @@ def test_plugin_window16_equals_transformers(servers):
     s = servers.get("gdn-L16")
     checks.greedy_equals_transformers(s)
     checks.plugin_log_says(s, "(gdn, 2 layers, window 16, ckpt fp32, read copy none", "ops reference")
+    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer")
 
 
 def test_plugin_window16_logprobs_equal_stock(servers):
@@ -79,7 +81,11 @@ def test_plugin_window1_fp16sr_fp8_read_copy_logprobs(servers):
 
 
 def test_plugin_ngram_speculative_equals_greedy_and_commits_by_pointer(servers):
-    checks.speculative_commits_by_pointer(servers.get("gdn-ngram"))
+    """SGLang's GPU defaults for NGRAM: the overlap scheduler on (the harness keeps it for speculative decoding on
+    CPU too), the worker splicing the previous step's accepted tokens while the next batch is scheduled."""
+    s = servers.get("gdn-ngram")
+    checks.server_args_say(s, disable_overlap_schedule=False, speculative_algorithm="NGRAM")
+    checks.speculative_commits_by_pointer(s)
 
 
 def test_plugin_ngram_extra_buffer_tracks_boundary_crossed_inside_a_verify(servers):

@@ -1,7 +1,9 @@
 """Kimi Linear (KDA layers + MLA attention) served by the real SGLang server on CPU: stock SGLang, held to an fp64
 forward of the architecture (``kimi_linear_oracle.py``: transformers has no Kimi-Linear class without remote code),
 and our plugin (window 4, fp8 read copy, our Triton KDA kernels under Triton's interpreter), held to stock SGLang's
-tokens and logprobs. The CPU harness binds PyTorch versions of the KDA kernels SGLang leaves unbound on CPU
+tokens and logprobs; and NGRAM speculative decoding through the plugin's KDA verify with SGLang's GPU defaults
+(extra_buffer, the overlap scheduler), held to the oracle's greedy tokens and to the radix cache's uncached answers.
+The CPU harness binds PyTorch versions of the KDA kernels SGLang leaves unbound on CPU
 (``cpu_harness/kda_ops.py``, tested against the fp64 recurrence in tests/cpu_harness/test_kda_ops.py) and serves
 MLA with SGLang's Triton attention backend."""
 
@@ -73,3 +75,37 @@ def test_plugin_window4_fp8_read_copy_triton_kernels_match_stock(servers):
             top = {int(t): float(lp) for lp, t, *_ in ref["meta_info"]["output_top_logprobs"][i]}
             assert got[i] in top and max(top.values()) - top[got[i]] <= KDA_FP8_LOGPROB_TOL, (
                 f"{s.name}: {p!r}: batched token {i} ({got[i]}) is not a near choice of stock's: {top}")
+
+
+def test_plugin_ngram_speculative_equals_the_oracle_and_commits_by_pointer(servers):
+    """KDA speculative decoding on the real server: NGRAM drafts verified by the plugin's KDA verify (per-channel
+    decays) and committed by pointer moves: each answer the fp64 oracle's greedy continuation and stock's (up to a
+    near tie), drafts accepted and rejected (records committed, rejected ones rolled back)."""
+    s = servers.get("kda-ngram")
+    checks.server_args_say(s, disable_overlap_schedule=False, speculative_algorithm="NGRAM",
+                           mamba_radix_cache_strategy="extra_buffer")
+    checks.plugin_log_says(s, "(kda, 2 layers, window 4, ckpt fp32, read copy none")
+    before = checks.replayssm_counters(s)
+    for p in PROMPTS[:2]:   # CI time: the fp64 oracle is slow
+        ids = prompt_ids(s, p)
+        got = s.generate(ids)["output_ids"]
+        assert len(got) == NEW_TOKENS
+        why = disagreement(str(s.model_dir), ids, got, checks.TIE_NATS)
+        assert why is None, f"{s.name}: {p!r}: {why}"
+        why = _same_up_to_a_tie(s, ids, got, checks.STOCK[s.family][p]["output_ids"])
+        assert why is None, f"{s.name}: {p!r}: differs from stock: {why}"
+    after = checks.replayssm_counters(s)
+    for name in ("replayssm:accepted_records_total", "replayssm:rollbacks_total"):
+        assert after[name] > before[name], (name, before[name], after[name])
+
+
+def test_plugin_ngram_extra_buffer_tracks_boundary_crossed_inside_a_verify(servers):
+    """As the GDN test of the same name: turn 1's prompt ends 6 tokens before the track boundary (64), which its
+    NGRAM generation crosses inside a verify that accepts several drafts (the corpus primed with turn 1's answer);
+    turn 2 resumes from exactly the 64 tokens the verify commit tracked and equals the uncached answer (tokens up to
+    a near tie of the oracle, logprobs to 1e-3)."""
+    s = servers.get("kda-ngram")
+    turn1 = prompt_ids(s, checks.SYSTEM)[:58]
+    assert len(turn1) == 58
+    checks.multi_turn_hits_cache_and_equals_uncached(s, turn1=turn1, new_tokens=16, cached_tokens=64,
+                                                     prime_ngram=True, same=_same_up_to_a_tie)

@@ -1,10 +1,12 @@
 """Nemotron-H (Mamba-2) served by the real SGLang server on CPU: stock, and our plugin at windows 1 / 4 / 16
 with the reference ops and the Triton kernels (under Triton's interpreter), an NVFP4 read copy, and NGRAM
-speculative decoding. (SGLang has no ReplaySSM of its own for Mamba-2.)"""
+speculative decoding with SGLang's GPU defaults (extra_buffer, the overlap scheduler). (SGLang has no ReplaySSM of
+its own for Mamba-2.)"""
 
 from __future__ import annotations
 
 from . import checks
+from .conftest import prompt_ids
 
 
 def test_stock_sglang_equals_transformers(servers):
@@ -42,4 +44,15 @@ def test_plugin_window16_nvfp4_read_copy_logprobs(servers):
 
 
 def test_plugin_ngram_speculative_equals_greedy_and_commits_by_pointer(servers):
-    checks.speculative_commits_by_pointer(servers.get("m2-ngram"))
+    """SGLang's GPU defaults with NGRAM: extra_buffer and the overlap scheduler."""
+    s = servers.get("m2-ngram")
+    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer")
+    checks.speculative_commits_by_pointer(s)
+
+
+def test_plugin_ngram_extra_buffer_multi_turn_hits_the_radix_cache(servers):
+    """Turn 2 resumes from the state the prefill of turn 1 (300 tokens) tracked at the first boundary of the track
+    grid (the Mamba-2 chunk, 256 tokens), and equals the same request on an empty cache."""
+    s = servers.get("m2-ngram")
+    turn1 = (prompt_ids(s, checks.SYSTEM) * 20)[:300]
+    checks.multi_turn_hits_cache_and_equals_uncached(s, turn1=turn1, new_tokens=8, cached_tokens=256)

@@ -3,7 +3,9 @@ served with ``--speculative-algorithm NEXTN`` and EAGLE trees (``--speculative-e
 tokens) through SGLang's own EAGLE worker, our plugin on (window 4): greedy tokens equal transformers' (and the
 no-draft stock server's, same target weights), verify rows committed by pointer moves along the accepted tree path
 (``replayssm:accepted_records_total`` / ``rollbacks_total`` move), and the ReplaySSM verify saw real draft trees
-(``cpu-harness: tree verify`` lines: the harness logs every verify opened with non-chain parents).
+(``cpu-harness: tree verify`` lines: the harness logs every verify opened with non-chain parents). Twice: with the
+overlap scheduler off, and with SGLang's GPU defaults (the overlap scheduler, i.e. its spec-v2 EAGLE worker, and
+``extra_buffer``).
 
 The MTP layer has random weights, so its drafts are rarely accepted: this checks the plumbing and exactness of tree
 verification with a real draft model, not the acceptance rate."""
@@ -15,9 +17,20 @@ from .conftest import PROMPTS, prompt_ids
 
 
 def test_nextn_eagle_tree_drafts_equal_greedy_and_commit_by_pointer(servers):
-    s = servers.get("gdn-mtp-tree")
+    _tree_drafts_equal_greedy_and_commit_by_pointer(servers.get("gdn-mtp-tree"), PROMPTS[:2])
+
+
+def test_nextn_eagle_tree_drafts_with_the_overlap_scheduler_and_extra_buffer(servers):
+    """SGLang's GPU defaults for MTP drafts: the overlap scheduler (its spec-v2 EAGLE worker, another code path
+    than the synchronous one above) and the radix cache's extra_buffer strategy."""
+    s = servers.get("gdn-mtp-tree-overlap")
+    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer")
+    _tree_drafts_equal_greedy_and_commit_by_pointer(s, PROMPTS[:1])   # CI time: one prompt, the same checks
+
+
+def _tree_drafts_equal_greedy_and_commit_by_pointer(s, prompts):
     before = checks.replayssm_counters(s)
-    for p in PROMPTS[:2]:
+    for p in prompts:
         ids = prompt_ids(s, p)
         got = s.generate(ids)["output_ids"]
         why = checks._agrees_with_transformers(s, ids, got)
