@@ -35,6 +35,7 @@ POOL_FLAGS = ["--dtype", "bfloat16", "--mem-fraction-static", "0.9", "--max-runn
               "--disable-radix-cache"]
 RADIX = "RADIX"   # in a server's extra flags: keep the radix cache (drops --disable-radix-cache)
 NGRAM = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
+NGRAM_CHAIN = ["--speculative-ngram-max-bfs-breadth", "1"]
 # issue 29: SGLANG_REPLAYSSM_SYNC_CHECK=1 makes any host sync in the plugin's step an error (sync_check.py); this
 # server runs every plugin path a server reaches: decode, NGRAM tree verify + commit, extra_buffer track copies,
 # radix-cache hits (copy_from), prefill flushes
@@ -49,24 +50,36 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "gdn_ours_fp8": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8"]),
     "m2_stock": ("stock", "nemotron_h", []),
     "m2_ours_fp32": ("plugin", "nemotron_h", []),
+    "m2_ours_fp8": ("plugin", "nemotron_h", ["--replayssm-read-copy", "fp8"]),
     "gdn_stock_ngram": ("stock", "qwen3_next", NGRAM),
     "gdn_ours_fp32_ngram": ("plugin", "qwen3_next", NGRAM),
     # SGLang refuses --enable-linear-replayssm together with its spec variant (they share the ring)
     "gdn_sglang_replayssm_ngram": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM]),
     "gdn_ours_fp8_ngram": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8", *NGRAM]),
+    # NGRAM drafts as chains (BFS breadth 1, SGLang's eagle topk 1): the only drafts SGLang's RS-spec verify is exact
+    # for (its chunked verify uses a causal mask; it refuses topk > 1, but NGRAM sets topk = its breadth, 10 by
+    # default, after that check has run, so the trio above verifies trees with it)
+    "gdn_stock_ngram_chain": ("stock", "qwen3_next", [*NGRAM, *NGRAM_CHAIN]),
+    "gdn_sglang_replayssm_ngram_chain": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM,
+                                                                 *NGRAM_CHAIN]),
+    "gdn_ours_fp32_ngram_chain": ("plugin", "qwen3_next", [*NGRAM, *NGRAM_CHAIN]),
     # the sync check's mode is process-wide while a step runs: the overlap scheduler off (docs/sglang_on_gpu.md)
     "gdn_ours_synccheck": ("plugin", "qwen3_next", [*XBUF, *NGRAM, "--disable-overlap-schedule"]),
     "m2_ours_synccheck": ("plugin", "nemotron_h", [*XBUF, *NGRAM, "--disable-overlap-schedule"]),
-    # SGLang's own defaults for a server: the overlap scheduler on, extra_buffer (gpu_server_args keeps overlap on)
-    "gdn_stock_overlap": ("stock", "qwen3_next", XBUF),
-    "gdn_sglang_replayssm_overlap": ("stock", "qwen3_next", ["--enable-linear-replayssm", *XBUF]),
-    "gdn_ours_fp32_overlap": ("plugin", "qwen3_next", XBUF),
+    # the radix cache on, as a user serves by default: extra_buffer with the overlap scheduler for stock and ours;
+    # SGLang's ReplaySSM refuses extra_buffer, and its no_buffer needs the overlap scheduler off (gpu_server_args)
+    "gdn_stock_radix": ("stock", "qwen3_next", XBUF),
+    "gdn_sglang_replayssm_radix": ("stock", "qwen3_next", ["--enable-linear-replayssm", RADIX]),
+    "gdn_ours_fp32_radix": ("plugin", "qwen3_next", XBUF),
 }
 ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
-# stock-vs-other greedy comparisons: (reference, candidate)
+# stock-vs-other greedy comparisons: (reference, candidate); the NGRAM servers also against stock + NGRAM of their
+# draft shape
 PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn_stock"] + \
         [("gdn_stock_ngram", n) for n in SERVERS if n.startswith("gdn_") and n.endswith("_ngram")
-         and n != "gdn_stock_ngram"] + [("m2_stock", "m2_ours_fp32")]   # the NGRAM servers also against stock + NGRAM
+         and n != "gdn_stock_ngram"] + \
+        [("gdn_stock_ngram_chain", n) for n in SERVERS if n.endswith("_ngram_chain") and n != "gdn_stock_ngram_chain"] + \
+        [("m2_stock", "m2_ours_fp32"), ("m2_stock", "m2_ours_fp8")]
 CONCURRENCY = tuple(int(c) for c in ENV("FLEET_CONC", "64,256").split(","))
 INPUT_LEN, OUTPUT_LEN = int(ENV("FLEET_IN", "512")), int(ENV("FLEET_OUT", "256"))
 # FLEET_PROMPTS=1:12,64:256: prompts per concurrency (default: 3 per slot, 2 at 256)

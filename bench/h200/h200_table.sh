@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Issue 29's serving table on the H200 (device tool, carry [".h200"], the bundle of bench/h200/h200_wheels.sh):
 # the full-depth Qwen3-Next-shaped echo checkpoint (48 layers, 16 experts; --echo-cycle 16: greedy outputs
-# cycle, so NGRAM drafts are accepted), one phase per call, each going on from the last on the warm machine:
+# cycle, so NGRAM drafts are accepted), one phase per call on a warm machine (a phase first stops the servers other
+# phases left running, stop_others; the checkpoints and SGLang's install stay). Every
+# server runs SGLang's scheduler as SGLang picks it for its flags (gpu_server_args): the overlap scheduler on, NGRAM
+# included, except where a server asks for it off (the sync checks) or SGLang needs it off (no_buffer with the
+# radix cache); the results before 2026-12-05 (sglang_h200_full_depth_echo, sglang_h200_echo_ngram_c1) ran every
+# server with it off:
 #   PHASE=nodraft  the checkpoint; stock, SGLang --enable-linear-replayssm and ours (defaults) started together;
-#                  greedy tokens + top-5 logprobs of each; a profile of each at 128 running (h200_profile.py);
-#                  bench_serving random 1024/512 at concurrency 128
+#                  greedy tokens + top-5 logprobs of each; (PROF=1: a profile of each at 128 running,
+#                  h200_profile.py); bench_serving random 1024/512, rows c1 x 24 and c128 x 512 prompts, twice
 #   PHASE=ngram    concurrency 1 of the three; then they stop, and stock + NGRAM, SGLang
 #                  --enable-linear-replayssm-spec + NGRAM and ours + NGRAM (4 draft tokens) start; tokens,
 #                  logprobs, profiles (ours also with python stacks), bench at 128 and 1
@@ -14,10 +19,14 @@
 #                  and c128 x 512 prompts, twice: >= 60 s of traffic a row); PHASE=rows goes on with the rows not
 #                  done yet (PROF_CONC=1: first profiles of the NGRAM servers at 1 running,
 #                  ours and SGLang's RS-spec also with python stacks)
-#   PHASE=overlap  SGLang's own serving defaults (the overlap scheduler on, extra_buffer, radix cache): stock, SGLang
-#                  --enable-linear-replayssm and ours without drafts, alone, tokens, rows c1 x 24 and c128 x 512 twice
-#   PHASE=m2       the NGRAM servers stop; the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
-#                  stock and ours (defaults) without drafts, tokens + logprobs, rows c128 x 512 and c1 x 24 prompts
+#   PHASE=chain    the three NGRAM servers with NGRAM drafts as chains (BFS breadth 1), the only
+#                  drafts SGLang's RS-spec verify is exact for; tokens, rows as recheck
+#   PHASE=radix    the radix cache on (a user's default): stock and ours with extra_buffer and the overlap scheduler,
+#                  SGLang --enable-linear-replayssm with no_buffer (it refuses extra_buffer; no_buffer needs the
+#                  overlap scheduler off), without drafts, alone, tokens, rows c1 x 24 and c128 x 512 twice
+#   PHASE=m2       the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
+#                  stock, ours (defaults) and ours with the fp8 read copy without drafts, tokens + logprobs,
+#                  (PROF=1: a profile of each at 128 running), rows c128 x 512 and c1 x 24 prompts
 set -u
 source "$(dirname "$0")/h200_site.sh"
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
@@ -28,6 +37,24 @@ NODRAFT=gdn_stock,gdn_sglang_replayssm,gdn_ours_fp32
 NGRAM=gdn_stock_ngram,gdn_sglang_replayssm_ngram,gdn_ours_fp32_ngram
 export FLEET_MAX_RUNNING=128 FLEET_TOTAL_TOKENS=${FLEET_TOTAL_TOKENS:-200000} FLEET_IN=1024 FLEET_OUT=512
 export FLEET_EXTRA="--disable-prefill-cuda-graph --enable-metrics" FLEET_STAGGER_S=2
+CHAIN=gdn_stock_ngram_chain,gdn_sglang_replayssm_ngram_chain,gdn_ours_fp32_ngram_chain
+M2=m2_stock,m2_ours_fp32,m2_ours_fp8
+RADIX=gdn_stock_radix,gdn_sglang_replayssm_radix,gdn_ours_fp32_radix
+stop_others() {   # NAMES (comma-separated): stop every server this machine's fleet started but those, to free the card
+  [ -f $STATE/servers.json ] || return 0
+  $F stop $STATE $(python3 -c "import json,sys;print(' '.join(n for n in json.load(open('$STATE/servers.json')) if n not in sys.argv[1].split(',')))" "$1")
+}
+serve() {   # SET FAMILY TOKENS_S: the other servers stop, FAMILY's checkpoint, SET starts, greedy tokens + logprobs
+  stop_others $1
+  echo_ckpt $2
+  FLEET_ONLY=$1 $F start $CKPT $STATE
+  FLEET_ONLY=$1 $F tokens $STATE $3
+}
+bench_rows() {   # SET [CONC PROMPTS ROUNDS]: SET's bench_serving rows until the budget (default c1 x 24 and
+  # c128 x 512 prompts, twice; FLEET_CONC / FLEET_PROMPTS / FLEET_ROUNDS override)
+  FLEET_ONLY=$1 FLEET_ROUNDS=${FLEET_ROUNDS:-${4:-2}} FLEET_CONC=${FLEET_CONC:-${2:-1,128}} \
+    FLEET_PROMPTS=${FLEET_PROMPTS:-${3:-1:24,128:512}} $F bench $STATE $(( $(left) - 20 ))
+}
 echo_ckpt() {   # FAMILY: the full-depth echo checkpoint of FAMILY under $CKPT, once per machine
   [ -f $CKPT/$1/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
     "$H/ckpt" $CKPT --depth full --family $1 --echo-cycle 16)
@@ -46,12 +73,10 @@ PY
 }
 case ${PHASE:-nodraft} in
 nodraft)
-  echo_ckpt qwen3_next
-  FLEET_ONLY=$NODRAFT $F start $CKPT $STATE
-  FLEET_ONLY=$NODRAFT $F tokens $STATE 240
+  serve $NODRAFT qwen3_next 240
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
-  profiles ${NODRAFT//,/ }
-  FLEET_ONLY=$NODRAFT FLEET_CONC=128 FLEET_PROMPTS=128:256 $F bench $STATE $(( $(left) - 20 ))
+  if [ -n "${PROF:-}" ]; then profiles ${NODRAFT//,/ }; fi
+  bench_rows $NODRAFT
   ;;
 ngram)
   FLEET_ONLY=$NODRAFT FLEET_CONC=1 FLEET_PROMPTS=1:4 $F bench $STATE 130
@@ -64,33 +89,35 @@ ngram)
   FLEET_ONLY=$NGRAM FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))
   ;;
 recheck)
-  echo_ckpt qwen3_next &
+  stop_others $NGRAM
+  # the CUDA kernel tests run beside the checkpoint's writing and the servers' start (both mostly host work)
   (PYTHONPATH= TRITON_INTERPRET=0 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_token_rows.py \
     tests/kernels/test_gdn.py tests/kernels/test_mamba2.py tests/kernels/test_kda.py tests/kernels/test_commit_ops.py \
-    2>&1 | tee "$OUT/pytest_cuda.txt" | tail -15)
-  wait
+    > "$OUT/pytest_cuda.txt" 2>&1) &
+  echo_ckpt qwen3_next
   FLEET_ONLY=$NGRAM $F start $CKPT $STATE
+  wait
+  tail -15 "$OUT/pytest_cuda.txt"
   FLEET_ONLY=$NGRAM $F tokens $STATE 240
   ;&
 rows)
   if [ -n "${PROF_CONC:-}" ]; then profiles ${NGRAM//,/ }; STACK=1 profiles gdn_ours_fp32_ngram gdn_sglang_replayssm_ngram; fi
-  FLEET_ONLY=$NGRAM FLEET_ROUNDS=${FLEET_ROUNDS:-2} FLEET_CONC=${FLEET_CONC:-1,128} \
-    FLEET_PROMPTS=${FLEET_PROMPTS:-1:24,128:512} $F bench $STATE $(( $(left) - 20 ))
+  bench_rows $NGRAM
   ;;
-overlap)
-  OVERLAP=gdn_stock_overlap,gdn_sglang_replayssm_overlap,gdn_ours_fp32_overlap
-  echo_ckpt qwen3_next
-  FLEET_ONLY=$OVERLAP $F start $CKPT $STATE
-  FLEET_ONLY=$OVERLAP $F tokens $STATE 240
-  FLEET_ONLY=$OVERLAP FLEET_ROUNDS=2 FLEET_CONC=1,128 FLEET_PROMPTS=1:24,128:512 $F bench $STATE $(( $(left) - 20 ))
+chain)
+  # NGRAM drafts as chains (BFS breadth 1): the drafts SGLang's RS-spec verify is exact for (h200_fleet.py)
+  serve $CHAIN qwen3_next 240
+  bench_rows $CHAIN
+  ;;
+radix)
+  serve $RADIX qwen3_next 240
+  bench_rows $RADIX
   ;;
 m2)
-  $F stop $STATE ${NGRAM//,/ }
-  echo_ckpt nemotron_h
-  FLEET_ONLY=m2_stock,m2_ours_fp32 $F start $CKPT $STATE
-  FLEET_ONLY=m2_stock,m2_ours_fp32 $F tokens $STATE 200
+  serve $M2 nemotron_h 200
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
-  FLEET_ONLY=m2_stock,m2_ours_fp32 FLEET_CONC=128,1 FLEET_PROMPTS=128:512,1:24 $F bench $STATE $(( $(left) - 20 ))
+  if [ -n "${PROF:-}" ]; then profiles ${M2//,/ }; fi
+  bench_rows $M2 128,1 128:512,1:24 1
   ;;
 again)
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=2 FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))

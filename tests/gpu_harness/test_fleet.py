@@ -134,3 +134,34 @@ def test_logprob_deltas_reach_the_gathered_json(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "fleet.json").read_text())
     assert data["calls"]["x"]["logprobs"] == {"m2_stock vs m2_ours_fp32": d}
     assert data["profiles"] == {"m2_stock": {"step_ms": 12.5}}
+
+
+def test_every_fleet_server_parses_with_sglangs_own_parser():
+    """Each server of the H200 fleet, as h200_serve.py starts it (the harness's GPU defaults added), parses with
+    SGLang 0.5.23's own argument parser and ours: a misspelt flag fails here, not after a device machine's start."""
+    import argparse
+
+    import pytest
+
+    pytest.importorskip("sglang")
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_replayssm.flags import ReplaySSMOptions, add_replayssm_args, split_argv
+    from sglang_replayssm.gpu_harness import gpu_server_args
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ours_parser = argparse.ArgumentParser()
+    add_replayssm_args(ours_parser)
+    for name, (mode, model, extra) in fleet.SERVERS.items():
+        argv = ["--model-path", f"/m/{model}", *fleet.POOL_FLAGS, *fleet.GRAPH,
+                *[f for f in extra if f != fleet.RADIX]]
+        if fleet.RADIX in extra:
+            argv.remove("--disable-radix-cache")
+        ours, rest = split_argv(gpu_server_args(argv))
+        assert mode == "plugin" or not ours, f"{name}: ReplaySSM flags on a stock server: {ours}"
+        ReplaySSMOptions.from_args(ours_parser.parse_args(ours))
+        args = parser.parse_args(rest)
+        assert args.model_path == f"/m/{model}", name
+        if "--speculative-ngram-max-bfs-breadth" in extra:
+            assert args.speculative_ngram_max_bfs_breadth == 1, name

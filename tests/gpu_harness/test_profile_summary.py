@@ -89,3 +89,31 @@ def test_a_trace_without_gpu_activity_says_so(tmp_path):
     assert any(e.get("cat") == "python_function" for e in trace["traceEvents"])
     assert prof.summarize(trace) == {"error": "no GPU activity in the trace"}
     assert json.loads(json.dumps(prof.summarize(_trace())))["steps"] == 1   # no steps given: graph launches
+
+
+def test_step_breakdown_and_the_ceiling_of_a_free_ssm():
+    """bench/h200/step_breakdown.py on summaries with known answers: ms per step by part (SGLang's Triton attention
+    found among the top kernels even where the summary's classes missed it), and the ceiling of ours against a
+    peer, peer step / (peer step - peer SSM), for every ours server against the peers of its family and mode."""
+    from tests.bench_scripts import load_bench
+
+    sb = load_bench("h200/step_breakdown.py")
+
+    def summary(step_ms, busy_ms, ssm_share, top):
+        return {"steps": 2, "step_ms": step_ms, "conc": 128,
+                "kernels": {"busy_ms": busy_ms, "share_of_busy": {"ssm": ssm_share, "other": 1 - ssm_share},
+                            "top": top}}
+
+    peer = summary(10.0, 16.0, 0.25, [{"name": "_fwd_kernel", "ms": 6.0, "calls": 24}])
+    ours = summary(9.0, 14.0, 0.2, [{"name": "_fwd_kernel", "ms": 6.0, "calls": 24}])
+    b = sb.breakdown(peer)
+    assert b["busy_ms"] == pytest.approx(8.0) and b["idle_ms"] == pytest.approx(2.0)
+    assert b["ssm_ms"] == pytest.approx(2.0) and b["attention_ms"] == pytest.approx(3.0)
+    assert b["other_busy_ms"] == pytest.approx(3.0)
+    assert sb.ceiling(b) == pytest.approx(10.0 / 8.0)
+    out = sb.report({"gdn_stock_ngram": peer, "gdn_ours_fp32_ngram": ours, "gdn_ours_fp32_ngram_stack": ours,
+                     "gdn_stock": peer, "m2_stock": peer})
+    assert list(out["vs"]) == ["gdn_ours_fp32_ngram vs gdn_stock_ngram"]
+    assert out["vs"]["gdn_ours_fp32_ngram vs gdn_stock_ngram"]["measured_step_ratio"] == pytest.approx(10.0 / 9.0)
+    assert sb.default_pairs(["gdn_ours_fp32_ngram_c1", "gdn_stock_ngram_c1", "gdn_stock_ngram"]) == [
+        ("gdn_ours_fp32_ngram_c1", "gdn_stock_ngram_c1")]

@@ -371,6 +371,8 @@ def test_a_lost_worker_node_rejoins_and_serve_moves_no_running_replica_there(mn,
 
 
 UP_WITHIN_S, DOWN_WITHIN_S = 90, 45     # the stated bounds (measured: see docs/scheduler.md, Autoscaling)
+FINISH_WITHIN_S = 150                   # the drain streams' ends after Serve stopped their replica: up to 700
+                                        # tokens on CPU beside the rest of the suite (CI: 2 cores, 2 workers)
 STEP, STEP_TOKENS = 24, 64              # the load step: 3 x --autoscale-target streams in flight
 DRAIN_TOKENS = (300, 500, 700)          # then: a few long streams on the new replica, below the target, of
                                         # staggered lengths: whenever Serve stops the replica, one has a while to go
@@ -456,8 +458,12 @@ def test_autoscale_adds_a_replica_on_the_rejoined_node_under_a_load_step_and_dra
                     left = time.monotonic()
                 if left is not None and not drain and not step and new not in mn.replicas():
                     break
-                assert time.monotonic() - t1 < DOWN_WITHIN_S, \
-                    f"replicas {mn.replicas()} (router: {_router_replicas(mn)}) after {DOWN_WITHIN_S} s below target"
+                if left is None:   # the bound on Serve: it stops the new replica within DOWN_WITHIN_S
+                    assert time.monotonic() - t1 < DOWN_WITHIN_S, \
+                        f"replicas {mn.replicas()} (router: {_router_replicas(mn)}) after {DOWN_WITHIN_S} s below target"
+                else:              # then the streams it holds run to their ends (their pace: the machine's load)
+                    assert time.monotonic() - left < FINISH_WITHIN_S, \
+                        f"streams on the stopped replica {new} not done {FINISH_WITHIN_S} s after it left the router"
             down_s = time.monotonic() - t1
             after = metric_values((await c.get("/metrics")).text, "replayssm_router_retries_total")
             return results, before, after, new, placed, left, started_s, up_s, down_s
