@@ -27,6 +27,8 @@
 #   PHASE=m2       the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock, ours (defaults) and ours with the fp8 read copy without drafts, tokens + logprobs,
 #                  (PROF=1: a profile of each at 128 running), rows c128 x 512 and c1 x 24 prompts
+#   PHASE=m2b      after PHASE=m2 on a card too small for three of its servers: stock and ours at c128 again, then
+#                  ours with the fp8 read copy in ours' place (tokens, c128), stock a third time, both at c1
 set -u
 source "$(dirname "$0")/h200_site.sh"
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
@@ -118,6 +120,17 @@ m2)
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
   if [ -n "${PROF:-}" ]; then profiles ${M2//,/ }; fi
   bench_rows $M2 128,1 128:512,1:24 1
+  ;;
+m2b)
+  # a second round of PHASE=m2 on its warm machine, for a card that holds two of these servers (an H100: three OOM):
+  # stock and ours (defaults) again at c128, then ours with the fp8 read copy in ours' place, then stock a third time
+  bench_rows m2_stock,m2_ours_fp32 128 128:640 2
+  $F stop $STATE m2_ours_fp32
+  FLEET_ONLY=m2_ours_fp8 $F start $CKPT $STATE
+  FLEET_ONLY=m2_stock,m2_ours_fp8 $F tokens $STATE 200
+  bench_rows m2_ours_fp8 128 128:640 1
+  bench_rows m2_stock 128 128:640 3
+  bench_rows m2_ours_fp8,m2_stock 1 1:16 2
   ;;
 again)
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=2 FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))
