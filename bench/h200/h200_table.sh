@@ -27,8 +27,9 @@
 #   PHASE=m2       the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock, ours (defaults) and ours with the fp8 read copy without drafts, tokens + logprobs,
 #                  (PROF=1: a profile of each at 128 running), rows c128 x 512 and c1 x 24 prompts
-#   PHASE=m2b      after PHASE=m2 on a card too small for three of its servers: stock and ours at c128 again, then
-#                  ours with the fp8 read copy in ours' place (tokens, c128), stock a third time, both at c1
+#                  (M2_SET=m2_stock,m2_ours_fp32 on a card that holds two of them: an H100)
+#   PHASE=m2b      after that: ours with the fp8 read copy in ours' place, tokens, rows c128 (stock's a third time
+#                  between them) and c1
 set -u
 source "$(dirname "$0")/h200_site.sh"
 export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
@@ -40,7 +41,7 @@ NGRAM=gdn_stock_ngram,gdn_sglang_replayssm_ngram,gdn_ours_fp32_ngram
 export FLEET_MAX_RUNNING=128 FLEET_TOTAL_TOKENS=${FLEET_TOTAL_TOKENS:-200000} FLEET_IN=1024 FLEET_OUT=512
 export FLEET_EXTRA="--disable-prefill-cuda-graph --enable-metrics" FLEET_STAGGER_S=2
 CHAIN=gdn_stock_ngram_chain,gdn_sglang_replayssm_ngram_chain,gdn_ours_fp32_ngram_chain
-M2=m2_stock,m2_ours_fp32,m2_ours_fp8
+M2=${M2_SET:-m2_stock,m2_ours_fp32,m2_ours_fp8}   # M2_SET: fewer, for a card that holds two (an H100)
 RADIX=gdn_stock_radix,gdn_sglang_replayssm_radix,gdn_ours_fp32_radix
 stop_others() {   # NAMES (comma-separated): stop every server this machine's fleet started but those, to free the card
   [ -f $STATE/servers.json ] || return 0
@@ -122,15 +123,14 @@ m2)
   bench_rows $M2 128,1 128:512,1:24 1
   ;;
 m2b)
-  # a second round of PHASE=m2 on its warm machine, for a card that holds two of these servers (an H100: three OOM):
-  # stock and ours (defaults) again at c128, then ours with the fp8 read copy in ours' place, then stock a third time
-  bench_rows m2_stock,m2_ours_fp32 128 128:640 2
+  # after PHASE=m2 with M2_SET=m2_stock,m2_ours_fp32 on a card that holds two of these servers (an H100: three OOM):
+  # ours with the fp8 read copy in ours' place; its rows, and stock's c128 a third time between them
   $F stop $STATE m2_ours_fp32
   FLEET_ONLY=m2_ours_fp8 $F start $CKPT $STATE
   FLEET_ONLY=m2_stock,m2_ours_fp8 $F tokens $STATE 200
   bench_rows m2_ours_fp8 128 128:640 1
   bench_rows m2_stock 128 128:640 3
-  bench_rows m2_ours_fp8,m2_stock 1 1:16 2
+  bench_rows m2_ours_fp8 1 1:16 1
   ;;
 again)
   FLEET_ONLY=$NGRAM FLEET_ROUNDS=2 FLEET_CONC=128,1 FLEET_PROMPTS=128:256,1:4 $F bench $STATE $(( $(left) - 20 ))
