@@ -107,7 +107,7 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(data: dict, path: Path) -> None:
+def plot(data: dict, path: Path, gpu: str = "H200") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,7 +130,7 @@ def plot(data: dict, path: Path) -> None:
     if nr > 1:
         axes[0].legend(fontsize=8)
     first = next((m for _, ms in rows for m in ms.values()), {})
-    fig.suptitle(f"SGLang 0.5.23 bench_serving on one H200, CUDA graphs on (random {first.get('random_input_len')} in"
+    fig.suptitle(f"SGLang 0.5.23 bench_serving on one {gpu}, CUDA graphs on (random {first.get('random_input_len')} in"
                  f" / {first.get('random_output_len')} out, rate inf)\n"
                  "servers up together, benchmarked one at a time; rows of one call are one run", fontsize=9)
     fig.tight_layout()
@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-command", default=DEVICE_COMMAND, help="what ran on the device (for the meta)")
     p.add_argument("--profiles", action="append", default=[],
                    help="a profiles.json of bench/h200/h200_profile.py summaries to keep beside the rows (repeat)")
+    p.add_argument("--gpu", default="H200", help="the card the calls ran on (the device tool's reply names it)")
+    p.add_argument("--commit", help="the commit whose code ran (default: HEAD)")
     p.add_argument("--note", default="a call label names one run (UTC): its servers were started once and each row "
                                       "benchmarked while the others idled; rows of different labels are different runs")
     a = p.parse_args(argv)
@@ -152,15 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     import subprocess
 
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", a.commit or "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
     meta = {"command": "python bench/sglang_h200_fleet.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "device_command": a.device_command, "device": "1x NVIDIA H200 (device tool), torch 2.11, Triton 3.6",
+            "device_command": a.device_command, "device": f"1x NVIDIA {a.gpu} (device tool), torch 2.11, Triton 3.6",
             "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": head, "note": a.note}
     doc = {"meta": meta, "calls": data}
     if a.profiles:
         doc["profiles"] = {k: v for path in a.profiles for k, v in json.loads(Path(path).read_text()).items()}
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
-    plot(data, out.with_suffix(".png"))
+    plot(data, out.with_suffix(".png"), a.gpu)
     print(table(data))
     return 0
 
