@@ -279,6 +279,8 @@ def bench_rows(rows_path: Path, deadline: float) -> None:
         except BaseException as e:   # noqa: BLE001 -- one failed row must not stop the others
             print(f"row {name} c{conc} failed: {e!r}", flush=True)
         print(f"row {name} c{conc}: {time.time() - t0:.0f}s", flush=True)
+        if os.environ.get("OUT"):   # the rows so far reach the device call's output even if the call is cut
+            report(rows_path.parents[1], Path(os.environ["OUT"]))
 
 
 def _row_summary(row: Path) -> str:

@@ -1,7 +1,7 @@
 # Sourced by the fleet scripts (h200_fleet.sh, h200_issue29.sh) on the H200: the bundle's folders, the run's
 # budget clock, and SGLang's wheels installed into /tmp/site once per machine.
 H=$PWD/.h200
-OUT=${OUT:-/tmp/h200_out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/h200_out}; mkdir -p "$OUT"
 STATE=/tmp/fleet
 t0=$(date +%s); BUDGET=${BUDGET:-560}
 left() { echo $(( BUDGET - ($(date +%s) - t0) )); }

@@ -52,6 +52,7 @@ serve() {   # SET FAMILY TOKENS_S: the other servers stop, FAMILY's checkpoint, 
   echo_ckpt $2
   FLEET_ONLY=$1 $F start $CKPT $STATE
   FLEET_ONLY=$1 $F tokens $STATE $3
+  $F report $STATE "$OUT"   # so far (the bench rows report after each row): a call cut by its limit keeps it
 }
 bench_rows() {   # SET [CONC PROMPTS ROUNDS]: SET's bench_serving rows until the budget (default c1 x 24 and
   # c128 x 512 prompts, twice; FLEET_CONC / FLEET_PROMPTS / FLEET_ROUNDS override)
