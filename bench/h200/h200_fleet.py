@@ -106,6 +106,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def server_flags(extra: list[str]) -> list[str]:
+    """The pool and graph flags every server gets, then a server's own (RADIX: the radix cache stays on)."""
+    pool_flags = [f for f in POOL_FLAGS if not (RADIX in extra and f == "--disable-radix-cache")]
+    return [*pool_flags, *GRAPH, *[f for f in extra if f != RADIX]]
+
+
 def start(ckpt: Path, state: Path) -> None:
     state.mkdir(parents=True, exist_ok=True)
     st = _state(state)
@@ -113,9 +119,8 @@ def start(ckpt: Path, state: Path) -> None:
     for name, (mode, model, extra) in _servers().items():
         if name in st and _alive(st[name]["pid"]):
             continue
-        pool_flags = [f for f in POOL_FLAGS if not (RADIX in extra and f == "--disable-radix-cache")]
         argv = [sys.executable, str(HERE / "h200_serve.py"), mode, "--model-path", str(ckpt / model),
-                "--host", "127.0.0.1", "--port", str(port), *pool_flags, *GRAPH, *[f for f in extra if f != RADIX],
+                "--host", "127.0.0.1", "--port", str(port), *server_flags(extra),
                 *os.environ.get("FLEET_EXTRA", "").split()]
         log = open(state / f"{name}.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -154,10 +154,8 @@ def test_every_fleet_server_parses_with_sglangs_own_parser():
     ours_parser = argparse.ArgumentParser()
     add_replayssm_args(ours_parser)
     for name, (mode, model, extra) in fleet.SERVERS.items():
-        argv = ["--model-path", f"/m/{model}", *fleet.POOL_FLAGS, *fleet.GRAPH,
-                *[f for f in extra if f != fleet.RADIX]]
-        if fleet.RADIX in extra:
-            argv.remove("--disable-radix-cache")
+        argv = ["--model-path", f"/m/{model}", *fleet.server_flags(extra)]
+        assert ("--disable-radix-cache" in argv) == (fleet.RADIX not in extra), name
         ours, rest = split_argv(gpu_server_args(argv))
         assert mode == "plugin" or not ours, f"{name}: ReplaySSM flags on a stock server: {ours}"
         ReplaySSMOptions.from_args(ours_parser.parse_args(ours))

@@ -33,6 +33,15 @@ START_TIMEOUT_S = 300
 PROMPTS = ("The quick brown fox", "hello, world! How are you", "def main(argv):\n    for i in range(10):")
 NEW_TOKENS = 20
 
+# the plugin at window 4 with metrics and NGRAM drafts (4 tokens), the radix cache's extra_buffer strategy on the
+# track grid of 64 tokens, and NEXTN (MTP) drafts as EAGLE trees (top-2, 2 steps, 4 draft tokens): parts of the
+# configurations below
+NGRAM_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "NGRAM",
+            "--speculative-num-draft-tokens", "4"]
+XBUF_64 = ["--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval", "64"]
+NEXTN_TREE_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "NEXTN",
+                 "--speculative-num-steps", "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"]
+
 # name -> (family, plugin on, extra argv, extra env)
 CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "gdn-stock": ("qwen3_next", False, [], {}),
@@ -47,51 +56,31 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     # NGRAM with the radix cache's extra_buffer strategy and the overlap scheduler (SGLang's defaults on a GPU):
     # track slots written at accepted-prefix boundaries inside the verify commit (track grid lcm(FLA chunk 64,
     # page 1, interval) = 64 tokens), the NGRAM worker splicing the previous step's accepted tokens
-    "gdn-ngram": ("qwen3_next", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
-                                       "NGRAM", "--speculative-num-draft-tokens", "4",
-                                       "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
-                                       "64"], {OVERLAP_ENV: "1"}),
+    "gdn-ngram": ("qwen3_next", True, [*NGRAM_L4, *XBUF_64], {OVERLAP_ENV: "1"}),
     # tensor parallelism: two scheduler processes (one per TP rank, joined by gloo), each with its shard of the SSM
     # heads; metrics pushed at every step so the counts a test reads after a request are exact
-    "gdn-tp2-ngram": ("qwen3_next", True, ["--tp", "2", "--replayssm-window", "4", "--enable-metrics",
-                                           "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
-                                           "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
-                                           "64"], {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}),
-    "m2-tp2-ngram": ("nemotron_h", True, ["--tp", "2", "--replayssm-window", "4", "--enable-metrics",
-                                          "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
-                     {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}),
+    "gdn-tp2-ngram": ("qwen3_next", True, ["--tp", "2", *NGRAM_L4, *XBUF_64],
+                      {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}),
+    "m2-tp2-ngram": ("nemotron_h", True, ["--tp", "2", *NGRAM_L4], {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}),
     "m2-stock": ("nemotron_h", False, [], {}),
     "m2-L4": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics"], {}),
     "m2-L1-kernels": ("nemotron_h", True, ["--replayssm-window", "1"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
     "m2-L16-nvfp4": ("nemotron_h", True, ["--replayssm-read-copy", "nvfp4"], {}),
     # NGRAM as SGLang serves it on a GPU by default: the radix cache's extra_buffer strategy (track grid: the
     # Mamba-2 chunk, 256 tokens) and the overlap scheduler
-    "m2-ngram": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
-                                      "NGRAM", "--speculative-num-draft-tokens", "4",
-                                      "--mamba-radix-cache-strategy", "extra_buffer"], {OVERLAP_ENV: "1"}),
+    "m2-ngram": ("nemotron_h", True, [*NGRAM_L4, "--mamba-radix-cache-strategy", "extra_buffer"], {OVERLAP_ENV: "1"}),
     # Kimi Linear (KDA + MLA; the harness picks SGLang's Triton attention backend for MLA)
     "kda-stock": ("kimi_linear", False, [], {}),
     "kda-L4-fp8-kernels": ("kimi_linear", True, ["--replayssm-window", "4", "--replayssm-read-copy", "fp8",
                                                  "--enable-metrics"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
     # Kimi Linear with NGRAM drafts verified by the plugin's KDA verify, SGLang's GPU defaults (extra_buffer, track
     # grid 64 = the KDA chunk, the overlap scheduler)
-    "kda-ngram": ("kimi_linear", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
-                                        "NGRAM", "--speculative-num-draft-tokens", "4",
-                                        "--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval",
-                                        "64"], {OVERLAP_ENV: "1"}),
+    "kda-ngram": ("kimi_linear", True, [*NGRAM_L4, *XBUF_64], {OVERLAP_ENV: "1"}),
     # Qwen3-Next + its MTP layer: NEXTN drafts as EAGLE trees (top-2, 2 steps, 4 draft tokens); the harness logs every
     # verify the plugin opens with a draft tree
-    "gdn-mtp-tree": ("qwen3_next_mtp", True, ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm",
-                                              "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
-                                              "--speculative-num-draft-tokens", "4"], {TREE_LOG_ENV: "1"}),
+    "gdn-mtp-tree": ("qwen3_next_mtp", True, NEXTN_TREE_L4, {TREE_LOG_ENV: "1"}),
     # the same with SGLang's GPU defaults: the overlap scheduler (SGLang's spec-v2 EAGLE worker) and extra_buffer
-    "gdn-mtp-tree-overlap": ("qwen3_next_mtp", True, ["--replayssm-window", "4", "--enable-metrics",
-                                                      "--speculative-algorithm", "NEXTN", "--speculative-num-steps",
-                                                      "2", "--speculative-eagle-topk", "2",
-                                                      "--speculative-num-draft-tokens", "4",
-                                                      "--mamba-radix-cache-strategy", "extra_buffer",
-                                                      "--mamba-track-interval", "64"],
-                             {TREE_LOG_ENV: "1", OVERLAP_ENV: "1"}),
+    "gdn-mtp-tree-overlap": ("qwen3_next_mtp", True, [*NEXTN_TREE_L4, *XBUF_64], {TREE_LOG_ENV: "1", OVERLAP_ENV: "1"}),
 }
 
 # configurations served from the folder exactly as transformers 5 saved it (its names, not SGLang's): our launcher
