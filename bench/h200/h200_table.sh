@@ -14,6 +14,7 @@
 #                  --enable-linear-replayssm-spec + NGRAM and ours + NGRAM (4 draft tokens) start; tokens,
 #                  logprobs, profiles (ours also with python stacks), bench at 128 and 1
 #   PHASE=again    a second round of the NGRAM servers' rows (what the budget allows)
+#   (NODRAFT_SET / NGRAM_SET: other servers for those phases, e.g. two on an 80 GB card)
 #   PHASE=recheck  CUDA checks of the kernels (pytest, TRITON_INTERPRET=0), the checkpoint, the NGRAM servers alone,
 #                  tokens + logprobs, then their rows (FLEET_CONC / FLEET_PROMPTS / FLEET_ROUNDS, default c1 x 24
 #                  and c128 x 512 prompts, twice: >= 60 s of traffic a row); PHASE=rows goes on with the rows not
@@ -36,8 +37,8 @@ export PYTHONPATH=$H/src:/tmp/site PYTHONUNBUFFERED=1
 F="python3 $H/src/bench/h200/h200_fleet.py"
 P="python3 $H/src/bench/h200/h200_profile.py"
 CKPT=/tmp/echo_full
-NODRAFT=gdn_stock,gdn_sglang_replayssm,gdn_ours_fp32
-NGRAM=gdn_stock_ngram,gdn_sglang_replayssm_ngram,gdn_ours_fp32_ngram
+NODRAFT=${NODRAFT_SET:-gdn_stock,gdn_sglang_replayssm,gdn_ours_fp32}   # NODRAFT_SET: others (gdn_ours_fp8)
+NGRAM=${NGRAM_SET:-gdn_stock_ngram,gdn_sglang_replayssm_ngram,gdn_ours_fp32_ngram}   # NGRAM_SET: fewer (an H100)
 export FLEET_MAX_RUNNING=128 FLEET_TOTAL_TOKENS=${FLEET_TOTAL_TOKENS:-200000} FLEET_IN=1024 FLEET_OUT=512
 export FLEET_EXTRA="--disable-prefill-cuda-graph --enable-metrics" FLEET_STAGGER_S=2
 CHAIN=gdn_stock_ngram_chain,gdn_sglang_replayssm_ngram_chain,gdn_ours_fp32_ngram_chain
