@@ -124,7 +124,8 @@ def h200_costs(results_dir: Path) -> dict:
 def run(model: str, k: int, prompts, args) -> dict:
     eng = Engine(EngineArgs(model_path=str(ASSETS / model), device=args.device, max_running_requests=args.batch,
                             max_model_len=args.prompt_tokens + args.max_tokens + 8, speculative_num_draft_tokens=k,
-                            replayssm=ReplaySSMOptions(window=args.window), kernels=args.kernels))
+                            replayssm=ReplaySSMOptions(window=args.window, read_copy="none"),   # fp32 reads (as committed)
+                            kernels=args.kernels))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     eng.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True))   # warm-up (first-call costs)
     before = dict(eng.counters)

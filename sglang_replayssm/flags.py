@@ -4,14 +4,15 @@ One definition, one validation, so both engines accept exactly the same spelling
 
     --replayssm-window N                      records folded per flush (L), default 16
     --replayssm-ckpt-precision {fp32,fp16-sr} recurrence checkpoint precision
-    --replayssm-read-copy {none,fp8,nvfp4}    low-precision copy read by non-flush steps
+    --replayssm-read-copy {auto,none,fp8,nvfp4}  low-precision copy read by non-flush steps (auto: per family
+                                              and device, auto_read_copy)
     --replayssm-decode / --no-replayssm-decode   ReplaySSM decode (off: conventional SSM decode)
     --replayssm-verify / --no-replayssm-verify   ReplaySSM speculative verify (off: conventional)
 
 Usage:
     add_replayssm_args(parser)                 # argparse
     opts = ReplaySSMOptions.from_args(args)    # validates, raises FlagError naming the flag
-    cfg = opts.replay_config(max_drafts=4)     # -> sglang_replayssm.pool.ReplayConfig
+    cfg = opts.replay_config(max_drafts=4, family="gdn", device=dev)   # -> sglang_replayssm.pool.ReplayConfig
     env = opts.to_env()                        # hand the options to spawned processes
     opts = ReplaySSMOptions.from_env()         # ... and read them back there
 
@@ -27,7 +28,7 @@ import json
 import os
 from typing import Mapping, Sequence
 
-from .state_formats import FLAG_CKPT_PRECISIONS, READ_COPIES, read_copy_geometry_error
+from .state_formats import AUTO, FLAG_CKPT_PRECISIONS, FLAG_READ_COPIES, read_copy_geometry_error
 
 MAX_WINDOW = 1024
 ENV_VAR = "SGLANG_REPLAYSSM_OPTIONS"
@@ -42,6 +43,25 @@ FLAG_SPELLINGS = {
     "--replayssm-verify": ("replayssm_verify", False),
     "--no-replayssm-verify": ("replayssm_verify", False),
 }
+
+
+# What `--replayssm-read-copy auto` (the default) reads on a CUDA GPU with fp8 (compute capability 8.9+, Ada /
+# Hopper / Blackwell), per SSM family: fp8 where its next-token KL to fp32 decoding is ~1e-5 nats and flat over 64K
+# tokens and serving gained from it (Mamba-2: 7.8e-6, 32K-64K / 1K-2K 1.06, bench/results/fidelity.json; Nemotron-H
+# at full depth 1.28x stock against the fp32 read's 1.15x); the fp32 checkpoint itself where the fp8 error still
+# grows with length (GDN: 1.21) or was not measured (KDA). CPUs and older GPUs read the fp32 checkpoint.
+GPU_READ_COPY = {"mamba2": "fp8", "gdn": "none", "kda": "none"}
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def auto_read_copy(family: str, device) -> str:
+    """The read copy `auto` stands for on `device` (a torch.device or its name) for SSM `family`."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+        return "none"
+    return GPU_READ_COPY.get(family, "none")
 
 
 class FlagError(ValueError):
@@ -70,8 +90,9 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         "--replayssm-ckpt-precision", choices=FLAG_CKPT_PRECISIONS, default="fp32",
         help="precision of the recurrence checkpoint (default fp32)")
     group.add_argument(
-        "--replayssm-read-copy", choices=READ_COPIES, default="none",
-        help="low-precision read copy written at each flush and read by non-flush steps (default none)")
+        "--replayssm-read-copy", choices=FLAG_READ_COPIES, default=AUTO,
+        help="low-precision read copy written at each flush and read by non-flush steps (default auto: fp8 for "
+             "Mamba-2 on a GPU with fp8, compute capability 8.9+; none, the fp32 checkpoint, otherwise)")
     group.add_argument(
         "--replayssm-decode", action=argparse.BooleanOptionalAction, default=True,
         help="decode SSM layers with ReplaySSM (--no-replayssm-decode: conventional state update)")
@@ -86,7 +107,7 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
 class ReplaySSMOptions:
     window: int = 16
     ckpt_precision: str = "fp32"
-    read_copy: str = "none"
+    read_copy: str = AUTO
     decode: bool = True
     verify: bool = True
 
@@ -101,14 +122,14 @@ class ReplaySSMOptions:
         if self.ckpt_precision not in FLAG_CKPT_PRECISIONS:
             raise FlagError("--replayssm-ckpt-precision",
                             f"must be one of {', '.join(FLAG_CKPT_PRECISIONS)}, got {self.ckpt_precision!r}")
-        if self.read_copy not in READ_COPIES:
+        if self.read_copy not in FLAG_READ_COPIES:
             raise FlagError("--replayssm-read-copy",
-                            f"must be one of {', '.join(READ_COPIES)}, got {self.read_copy!r}")
+                            f"must be one of {', '.join(FLAG_READ_COPIES)}, got {self.read_copy!r}")
         for name, flag in (("decode", "--replayssm-decode"), ("verify", "--replayssm-verify")):
             if not isinstance(getattr(self, name), bool):
                 raise FlagError(flag, f"expected true/false, got {getattr(self, name)!r}")
-        if not self.decode and (self.read_copy != "none" or self.ckpt_precision != "fp32"):
-            flag = "--replayssm-read-copy" if self.read_copy != "none" else "--replayssm-ckpt-precision"
+        if not self.decode and (self.read_copy not in ("none", AUTO) or self.ckpt_precision != "fp32"):
+            flag = "--replayssm-read-copy" if self.read_copy not in ("none", AUTO) else "--replayssm-ckpt-precision"
             raise FlagError(flag, "needs ReplaySSM decode (drop --no-replayssm-decode, "
                                   "or keep fp32 / none for the conventional baseline)")
 
@@ -156,12 +177,19 @@ class ReplaySSMOptions:
             raise FlagError(ENV_VAR, f"unknown keys {sorted(unknown)}")
         return cls(**data)
 
-    def replay_config(self, max_drafts: int = 0, **overrides):
-        """The pool's ReplayConfig for these options (lazy import of the pool)."""
+    def read_copy_for(self, family: str, device) -> str:
+        """The read copy a pool of `family` on `device` keeps: the flag's value, or what `auto` stands for there
+        (none with --no-replayssm-decode)."""
+        if self.read_copy != AUTO:
+            return self.read_copy
+        return auto_read_copy(family, device) if self.decode else "none"
+
+    def replay_config(self, max_drafts: int = 0, *, family: str, device, **overrides):
+        """The ReplayConfig of a pool of SSM `family` on `device` for these options (lazy import of the pool)."""
         from sglang_replayssm.pool import ReplayConfig
 
         kwargs = dict(window=self.window, max_drafts=max_drafts, ckpt=self.ckpt_precision,
-                      read_copy=self.read_copy, mode="replay" if self.decode else "conventional")
+                      read_copy=self.read_copy_for(family, device), mode="replay" if self.decode else "conventional")
         kwargs.update(overrides)
         return ReplayConfig(**kwargs)
 

@@ -7,6 +7,8 @@ Standard library only: the command-line flags (``flags.py``) and the pool's conf
 from __future__ import annotations
 
 READ_COPIES = ("none", "fp8", "nvfp4")
+AUTO = "auto"                                 # the read-copy flag's default: chosen per SSM family and device
+FLAG_READ_COPIES = (AUTO,) + READ_COPIES
 CKPT_PRECISIONS = ("fp32", "fp16-sr", "fp64")
 FLAG_CKPT_PRECISIONS = ("fp32", "fp16-sr")   # fp64 is for the exactness tests: no flag value
 NVFP4_BLOCK = 16                              # elements per NVFP4 block scale along the key dim

@@ -42,17 +42,20 @@ NGRAM_CHAIN = ["--speculative-ngram-max-bfs-breadth", "1"]
 SYNC_CHECK = {"SGLANG_REPLAYSSM_SYNC_CHECK": "1"}
 SERVER_ENV: dict[str, dict] = {"gdn_ours_synccheck": SYNC_CHECK, "m2_ours_synccheck": SYNC_CHECK}
 XBUF = [RADIX, "--mamba-radix-cache-strategy", "extra_buffer"]
+# the "_fp32" servers read the fp32 checkpoint whatever the plugin's default (`auto`: fp8 for Mamba-2 on this GPU)
+FP32_READ = ["--replayssm-read-copy", "none"]
 # name -> (mode, model, extra flags); order = start order = bench order
 SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "gdn_stock": ("stock", "qwen3_next", []),
-    "gdn_ours_fp32": ("plugin", "qwen3_next", []),
+    "gdn_ours_fp32": ("plugin", "qwen3_next", FP32_READ),
     "gdn_sglang_replayssm": ("stock", "qwen3_next", ["--enable-linear-replayssm"]),
     "gdn_ours_fp8": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8"]),
     "m2_stock": ("stock", "nemotron_h", []),
-    "m2_ours_fp32": ("plugin", "nemotron_h", []),
+    "m2_ours_fp32": ("plugin", "nemotron_h", FP32_READ),
     "m2_ours_fp8": ("plugin", "nemotron_h", ["--replayssm-read-copy", "fp8"]),
+    "m2_ours": ("plugin", "nemotron_h", []),   # the plugin's defaults (read copy auto: fp8 for Mamba-2 on this GPU)
     "gdn_stock_ngram": ("stock", "qwen3_next", NGRAM),
-    "gdn_ours_fp32_ngram": ("plugin", "qwen3_next", NGRAM),
+    "gdn_ours_fp32_ngram": ("plugin", "qwen3_next", [*FP32_READ, *NGRAM]),
     # SGLang refuses --enable-linear-replayssm together with its spec variant (they share the ring)
     "gdn_sglang_replayssm_ngram": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM]),
     "gdn_ours_fp8_ngram": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8", *NGRAM]),
@@ -62,7 +65,7 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "gdn_stock_ngram_chain": ("stock", "qwen3_next", [*NGRAM, *NGRAM_CHAIN]),
     "gdn_sglang_replayssm_ngram_chain": ("stock", "qwen3_next", ["--enable-linear-replayssm-spec", *NGRAM,
                                                                  *NGRAM_CHAIN]),
-    "gdn_ours_fp32_ngram_chain": ("plugin", "qwen3_next", [*NGRAM, *NGRAM_CHAIN]),
+    "gdn_ours_fp32_ngram_chain": ("plugin", "qwen3_next", [*FP32_READ, *NGRAM, *NGRAM_CHAIN]),
     # the sync check's mode is process-wide while a step runs: the overlap scheduler off (docs/sglang_on_gpu.md)
     "gdn_ours_synccheck": ("plugin", "qwen3_next", [*XBUF, *NGRAM, "--disable-overlap-schedule"]),
     "m2_ours_synccheck": ("plugin", "nemotron_h", [*XBUF, *NGRAM, "--disable-overlap-schedule"]),
@@ -70,7 +73,7 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     # SGLang's ReplaySSM refuses extra_buffer, and its no_buffer needs the overlap scheduler off (gpu_server_args)
     "gdn_stock_radix": ("stock", "qwen3_next", XBUF),
     "gdn_sglang_replayssm_radix": ("stock", "qwen3_next", ["--enable-linear-replayssm", RADIX]),
-    "gdn_ours_fp32_radix": ("plugin", "qwen3_next", XBUF),
+    "gdn_ours_fp32_radix": ("plugin", "qwen3_next", [*FP32_READ, *XBUF]),
 }
 ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
 # stock-vs-other greedy comparisons: (reference, candidate); the NGRAM servers also against stock + NGRAM of their
@@ -79,7 +82,7 @@ PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn
         [("gdn_stock_ngram", n) for n in SERVERS if n.startswith("gdn_") and n.endswith("_ngram")
          and n != "gdn_stock_ngram"] + \
         [("gdn_stock_ngram_chain", n) for n in SERVERS if n.endswith("_ngram_chain") and n != "gdn_stock_ngram_chain"] + \
-        [("m2_stock", "m2_ours_fp32"), ("m2_stock", "m2_ours_fp8")] + \
+        [("m2_stock", n) for n in ("m2_ours_fp32", "m2_ours_fp8", "m2_ours")] + \
         [("gdn_sglang_replayssm", "gdn_ours_fp8")]   # where stock does not fit beside them (an H100)
 CONCURRENCY = tuple(int(c) for c in ENV("FLEET_CONC", "64,256").split(","))
 INPUT_LEN, OUTPUT_LEN = int(ENV("FLEET_IN", "512")), int(ENV("FLEET_OUT", "256"))

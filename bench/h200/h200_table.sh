@@ -28,7 +28,8 @@
 #   PHASE=m2       the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock, ours (defaults) and ours with the fp8 read copy without drafts, tokens + logprobs,
 #                  (PROF=1: a profile of each at 128 running), rows c128 x 512 and c1 x 24 prompts
-#                  (M2_SET=m2_stock,m2_ours_fp32 on a card that holds two of them: an H100)
+#                  (M2_SET=m2_stock,m2_ours_fp32 on a card that holds two of them: an H100; m2_ours: the
+#                  plugin's defaults, the fp8 read copy for Mamba-2 on such a GPU)
 #   PHASE=m2b      after that: ours with the fp8 read copy in ours' place, tokens, rows c128 (stock's a third time
 #                  between them) and c1
 set -u

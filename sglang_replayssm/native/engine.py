@@ -48,9 +48,9 @@ class Engine:
                           head_k_dim=cfg.ssm_head_k_dim, num_k_heads=cfg.ssm_k_heads, conv_dim=cfg.conv_dim,
                           conv_kernel=cfg.conv_kernel)
         max_drafts = self.num_draft_tokens + 1 if self.num_draft_tokens else 0
-        self.pool = ReplayStatePool(geo, cfg.num_ssm_layers, args.max_running_requests,
-                                    opts.replay_config(max_drafts=max_drafts), device=self.model.device,
-                                    act_dtype=self.model.dtype)
+        replay_cfg = opts.replay_config(max_drafts=max_drafts, family=cfg.family, device=self.model.device)
+        self.pool = ReplayStatePool(geo, cfg.num_ssm_layers, args.max_running_requests, replay_cfg,
+                                    device=self.model.device, act_dtype=self.model.dtype)
         self.kv = KVCache(cfg, args.max_running_requests + 1, args.max_model_len, self.model.device,
                           self.model.dtype)
         self.ops = SSMOps(cfg.family, self.pool, replay_verify=opts.verify, kernels=args.kernels)

@@ -33,13 +33,14 @@ logger = logging.getLogger(__name__)
 CONFIGURATOR_MODULE = "sglang.srt.mem_cache.kv_cache_configurator"
 
 
-def extra_bytes_per_slot(cache_params, opts, drafts: int) -> int:
-    """Bytes one ReplaySSM slot needs beyond what SGLang's ``mamba_cache_per_req`` already counts."""
+def extra_bytes_per_slot(cache_params, opts, drafts: int, device) -> int:
+    """Bytes one ReplaySSM slot on `device` needs beyond what SGLang's ``mamba_cache_per_req`` already counts."""
     family = family_of(cache_params)
     if family is None:
         return 0
     nl = len(cache_params.layers)
-    ours = ReplayStatePool.slot_bytes(geometry_of(family, cache_params), nl, opts.replay_config(max_drafts=drafts))
+    cfg = opts.replay_config(max_drafts=drafts, family=family, device=device)
+    ours = ReplayStatePool.slot_bytes(geometry_of(family, cache_params), nl, cfg)
     theirs_ssm = math.prod(cache_params.shape.temporal) * cache_params.dtype.temporal.itemsize * nl
     conv_windows = drafts * sum(math.prod(s) for s in cache_params.shape.conv) * cache_params.dtype.conv.itemsize * nl
     return ours - theirs_ssm + conv_windows
@@ -55,7 +56,7 @@ def handle_max_mamba_cache(original, self, total_rest_memory):
     if not self.spec_algorithm.is_none():
         drafts = int(mod.max_speculative_num_draft_tokens() or 0)
     cache_params = cfg.mamba2_cache_params
-    extra = extra_bytes_per_slot(cache_params, opts, drafts)
+    extra = extra_bytes_per_slot(cache_params, opts, drafts, self.device)
     saved_extra = self.extra_mamba_cache_bytes_per_req
     saved_switch = mod._pd_prefill_skips_mamba_spec_state
     self.extra_mamba_cache_bytes_per_req = saved_extra + extra

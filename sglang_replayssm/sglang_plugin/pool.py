@@ -181,7 +181,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.conv_slice_axis = getattr(cache_params.shape, "conv_slice_axis", 0)
         self.draft_tokens = drafts
         self.geometry = geometry_of(family, cache_params)
-        cfg = opts.replay_config(max_drafts=drafts)
+        cfg = opts.replay_config(max_drafts=drafts, family=family, device=device)
         ops = FamilyOps.select(family, device, ops_backend())
         self.replay = ReplayStatePool(self.geometry, nl, size, cfg, device=device, act_dtype=cache_params.dtype.conv,
                                       ops=ops)

@@ -30,8 +30,34 @@ def test_defaults_and_flags():
     assert a.speculative_disable_by_batch_size == 0
     a = parse(["--speculative-num-draft-tokens", "4", "--speculative-disable-by-batch-size", "16"])
     assert a.speculative_disable_by_batch_size == 16
-    assert parse(["--no-replayssm-decode"]).replayssm.replay_config().mode == "conventional"
+    assert parse(["--no-replayssm-decode"]).replayssm.replay_config(family="mamba2", device="cpu").mode == "conventional"
     assert a.prefix_cache_interval == 64 and parse(["--prefix-cache-interval", "16"]).prefix_cache_interval == 16
+
+
+@pytest.mark.parametrize("family, device, capability, want", [
+    ("mamba2", "cpu", None, "none"),
+    ("gdn", "cpu", None, "none"),
+    ("mamba2", "cuda", (9, 0), "fp8"),     # H100 / H200: fp8 read for Mamba-2 ...
+    ("mamba2", "cuda:1", (8, 9), "fp8"),
+    ("gdn", "cuda", (9, 0), "none"),       # ... fp32 reads for GDN and KDA
+    ("kda", "cuda", (10, 0), "none"),
+    ("mamba2", "cuda", (8, 0), "none"),    # A100: no fp8 in Triton
+])
+def test_read_copy_auto_is_fp8_for_mamba2_on_an_fp8_gpu_only(monkeypatch, family, device, capability, want):
+    """`--replayssm-read-copy auto`, the default, per family and device (flags.GPU_READ_COPY); an explicit value
+    wins, and without ReplaySSM decode auto is none. The GPU's compute capability is what torch would report."""
+    import torch
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: asked.append(d) or capability)
+    assert parse([]).replayssm.read_copy == "auto"
+    assert parse([]).replayssm.replay_config(family=family, device=device).read_copy == want
+    assert bool(asked) == (device != "cpu") and all(torch.device(d) == torch.device(device) for d in asked)
+    for explicit in ("none", "fp8", "nvfp4"):
+        opts = parse(["--replayssm-read-copy", explicit]).replayssm
+        assert opts.replay_config(family=family, device=device).read_copy == explicit
+    conventional = parse(["--no-replayssm-decode"]).replayssm.replay_config(family=family, device=device)
+    assert conventional.read_copy == "none" and conventional.mode == "conventional"
 
 
 @pytest.mark.parametrize("argv, flag", [

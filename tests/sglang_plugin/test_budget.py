@@ -19,7 +19,7 @@ def _configurator(cp, spec):
     return SimpleNamespace(mambaish_config=SimpleNamespace(mamba2_cache_params=cp), pp_size=1,
                            fused_entry_bytes=lambda kind: None, spec_algorithm=spec, hybrid_gdn_config=None,
                            hybrid_kda_config=None, attn_dp_size=1, extra_mamba_cache_bytes_per_req=0,
-                           _calculate_mamba_ratio=lambda: 3)
+                           _calculate_mamba_ratio=lambda: 3, device="cpu")
 
 
 def _solve(cp, spec, rest_gib, **ctx):
@@ -49,10 +49,30 @@ def test_budget_hook_prices_replayssm_slots(drafts):
         assert theirs == int((budget - per_req) // per_req)  # SGLang's own formula, plugin inactive
     with replayssm(window=16, read_copy="fp8"):
         ours, left = _solve(cp, spec, rest, **ctx)
-        extra = extra_bytes_per_slot(cp, options.active_options(), drafts or 0)
+        extra = extra_bytes_per_slot(cp, options.active_options(), drafts or 0, "cpu")
     per_slot = per_req + extra
     assert extra > 0
     # no per-draft snapshot reservation with our verify: the plain per-slot solve
     assert ours == int((budget - per_slot) // per_slot)
     assert ours != theirs
     assert left == pytest.approx(rest - (ours + 1) * per_slot / GIB)
+
+
+@pytest.mark.parametrize("family, capability, read_copy", [("mamba2", (9, 0), "fp8"), ("gdn", (9, 0), "none"),
+                                                           ("mamba2", None, "none")])
+def test_auto_read_copy_is_priced_as_the_pool_will_keep_it(monkeypatch, family, capability, read_copy):
+    """The budget resolves `--replayssm-read-copy auto` on the configurator's device as the pool does: fp8 for
+    Mamba-2 on an fp8 GPU (capability as torch would report it), the fp32 checkpoint alone elsewhere."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+    device = "cpu" if capability is None else "cuda"
+    cp = cache_params(family)
+    with replayssm(window=16) as auto:
+        assert auto.read_copy == "auto"
+        got = extra_bytes_per_slot(cp, auto, 0, device)
+    with replayssm(window=16, read_copy=read_copy) as explicit:
+        assert got == extra_bytes_per_slot(cp, explicit, 0, device)
+    if read_copy == "fp8":
+        with replayssm(window=16, read_copy="none") as fp32:
+            assert got > extra_bytes_per_slot(cp, fp32, 0, device)   # the read copy's bytes are in the price

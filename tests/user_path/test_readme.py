@@ -128,7 +128,7 @@ def test_sglang_lines_parse_with_sglang_and_the_plugin():
     assert r.returncode == 0, r.stderr[-3000:]
     parsed = json.loads(r.stdout.split("PARSED ", 1)[1])
     gpu = parsed[0]
-    assert gpu[0].startswith("/models/") and gpu[1] == 16 and gpu[2] == "fp8" and gpu[3] is True, gpu
+    assert gpu[0].startswith("/models/") and gpu[1] == 16 and gpu[2] == "auto" and gpu[3] is True, gpu
 
 
 def test_readme_links_exist():
