@@ -83,7 +83,8 @@ PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn
          and n != "gdn_stock_ngram"] + \
         [("gdn_stock_ngram_chain", n) for n in SERVERS if n.endswith("_ngram_chain") and n != "gdn_stock_ngram_chain"] + \
         [("m2_stock", n) for n in ("m2_ours_fp32", "m2_ours_fp8", "m2_ours")] + \
-        [("gdn_sglang_replayssm", "gdn_ours_fp8")]   # where stock does not fit beside them (an H100)
+        [("gdn_sglang_replayssm", "gdn_ours_fp8"),   # where stock does not fit beside them (an H100)
+         ("gdn_sglang_replayssm_ngram", "gdn_ours_fp32_ngram")]
 CONCURRENCY = tuple(int(c) for c in ENV("FLEET_CONC", "64,256").split(","))
 INPUT_LEN, OUTPUT_LEN = int(ENV("FLEET_IN", "512")), int(ENV("FLEET_OUT", "256"))
 # FLEET_PROMPTS=1:12,64:256: prompts per concurrency (default: 3 per slot, 2 at 256)
