@@ -20,6 +20,7 @@ When on:
   committed records (a flush at the cached boundary) and forks checkpoint + read copy + cursor.
 * the cursor move after a decode step over all layers (``ReplayStatePool.advance``) is deferred to
   ``settle()``, which runs after ``ModelRunner.forward`` and at the start of the next step; so are the
+  early folds that spread the flushes of rows prefilled together (``flush_stagger.py``) and the
   ``extra_buffer`` track copies of that step (``note_track``: whole-slot copies, ``track.py``).
 * the arithmetic (decode / verify in the hooks, the fold and the checkpoint store here) is the pool's
   ``replay.ops``: a ``FamilyOps`` chosen once, at construction, from the family, the device and
@@ -44,6 +45,7 @@ from sglang_replayssm.reference.commit_prep import ACC, COMMIT_PREP_ROWS, ROWS
 from sglang_replayssm.reference.replay import ADDED_COUNTS, STEP_COUNTS
 
 from . import metrics
+from .flush_stagger import FlushStagger
 from .options import active_options, ops_backend
 from .sync_check import sync_checked
 from .tp import tp_rank_label
@@ -166,15 +168,11 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.num_mamba_layers = nl = len(mamba_layer_ids)
         self.size = size
         self.device = device
-        self.debug_memory_pool = False
-        self.enable_linear_replayssm = False
-        self.enable_linear_replayssm_spec = False
+        # SGLang's MambaPool fields, its own linear ReplaySSM's off (the plugin refuses it)
+        self.debug_memory_pool = self.enable_linear_replayssm = self.enable_linear_replayssm_spec = False
         self.linear_replayssm_cache_len = linear_replayssm_cache_len
-        self.replayssm_spec_fold = False
-        self.replayssm_is_kda = False
-        self.replayssm_write_pos = None
-        self.replayssm_spec_write_pos = None
-        self.replayssm_cache_base = None
+        self.replayssm_spec_fold = self.replayssm_is_kda = False
+        self.replayssm_write_pos = self.replayssm_spec_write_pos = self.replayssm_cache_base = None
         self.replayssm_is_flush = None
         self.enable_custom_mem_pool, self.custom_mem_pool = False, None
         self.conv_shard_groups = getattr(cache_params.shape, "conv_shard_groups", None)
@@ -186,6 +184,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         self.replay = ReplayStatePool(self.geometry, nl, size, cfg, device=device, act_dtype=cache_params.dtype.conv,
                                       ops=ops)
         self.replay.alloc(size)  # SGLang's MambaSlotAllocator hands slots out; ours are all "in use"
+        self._stagger = FlushStagger(self.replay, size + 1)
         conv_dtype = cache_params.dtype.conv
         conv = [torch.zeros((nl, size + 1) + tuple(shape), dtype=conv_dtype, device=device)
                 for shape in cache_params.shape.conv]
@@ -245,6 +244,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         if slots is not None:
             self._pending_decode = None
             self.replay.advance(slots, self._acc)   # the move and its counts: one launch with the kernels
+            self._stagger.after_decode(slots, self._acc)
             self._count_step()
         if self._pending_track is not None:
             self._copy_tracked(*self._pending_track)
@@ -369,6 +369,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         """Fold committed records of ``slots`` into their checkpoints (before SGLang's prefill reads them)."""
         self.settle()
         self.replay.flush_rows(slots)
+        self._stagger.after_prefill(slots)
 
     @sync_checked
     def after_prefill(self, layer: int, slots: torch.Tensor) -> None:
