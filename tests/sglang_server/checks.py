@@ -193,6 +193,20 @@ def concurrent_requests_equal_solo(server: SGLangServer, n: int) -> None:
     assert not bad, f"{server.name}: {len(bad)} of {n} concurrent answers differ from their solo answers: {bad}"
 
 
+def wave_equals_solo(server: SGLangServer, n: int) -> None:
+    """``n`` requests in one batch (prefilled together, so their rings fill in step and, with ``n`` >= the window,
+    most fold once early: ``sglang_plugin/flush_stagger.py``), each equal to the same request served alone."""
+    texts = [f"{PROMPTS[i % len(PROMPTS)]} wave {i}" for i in range(n)]
+    ids = [prompt_ids(server, t) for t in texts]
+    want = [server.generate(i)["output_ids"] for i in ids]
+    batch = requests.post(server.url + "/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}},
+        timeout=300)
+    assert batch.status_code == 200, batch.text
+    bad = [t for t, i, w, r in zip(texts, ids, want, batch.json()) if same_greedy(server, i, r["output_ids"], w)]
+    assert not bad, f"{server.name}: {len(bad)} of {n} answers of the wave differ from their solo answers: {bad}"
+
+
 def _flush_cache(server: SGLangServer, wait_s: float = 10.0) -> None:
     """SGLang flushes the radix cache of an idle scheduler only, and answers "Flush cache failed." while the last
     request's batch is still being retired (which can outlast that request's HTTP answer by a step, with the overlap

@@ -74,6 +74,11 @@ def test_plugin_triton_kernels_window4_equal_transformers(servers):
     checks.logprobs_match_stock(s, checks.EXACT_LOGPROB_TOL)
 
 
+def test_plugin_triton_kernels_window4_wave_of_requests_equals_solo(servers):
+    """A wave of 6 requests at window 4: the rows fold early (the Triton fold) to spread their flushes."""
+    checks.wave_equals_solo(servers.get("gdn-L4-kernels"), n=6)
+
+
 def test_plugin_window1_fp16sr_fp8_read_copy_logprobs(servers):
     s = servers.get("gdn-L1-fp16sr-fp8")
     checks.plugin_log_says(s, "window 1, ckpt fp16-sr, read copy fp8")

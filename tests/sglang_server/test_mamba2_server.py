@@ -22,6 +22,11 @@ def test_plugin_window4_equals_transformers_and_stock(servers):
     checks.plugin_log_says(s, "(mamba2, 2 layers, window 4, ckpt fp32, read copy none", "ops reference")
 
 
+def test_plugin_window4_wave_of_requests_equals_solo(servers):
+    """A wave of 8 requests at window 4: the rows fold early at slot % 4 records to spread their flushes."""
+    checks.wave_equals_solo(servers.get("m2-L4"), n=8)
+
+
 def test_plugin_window4_metrics_move(servers):
     checks.metrics_move(servers.get("m2-L4"))
 
