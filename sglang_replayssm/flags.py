@@ -128,8 +128,9 @@ class ReplaySSMOptions:
         for name, flag in (("decode", "--replayssm-decode"), ("verify", "--replayssm-verify")):
             if not isinstance(getattr(self, name), bool):
                 raise FlagError(flag, f"expected true/false, got {getattr(self, name)!r}")
-        if not self.decode and (self.read_copy not in ("none", AUTO) or self.ckpt_precision != "fp32"):
-            flag = "--replayssm-read-copy" if self.read_copy not in ("none", AUTO) else "--replayssm-ckpt-precision"
+        quantized_read = self.read_copy not in ("none", AUTO)
+        if not self.decode and (quantized_read or self.ckpt_precision != "fp32"):
+            flag = "--replayssm-read-copy" if quantized_read else "--replayssm-ckpt-precision"
             raise FlagError(flag, "needs ReplaySSM decode (drop --no-replayssm-decode, "
                                   "or keep fp32 / none for the conventional baseline)")
 

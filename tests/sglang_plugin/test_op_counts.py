@@ -27,8 +27,9 @@ def test_plugin_step_op_counts_stay_within_bounds(monkeypatch):
     got = {name: (c["per_step"], c["per_layer"], c["host_reads"]) for name, c in counts.items()}
     by_op = {name: {e: c["by_entry"][e]["by_op"] for e in c["by_entry"]} for name, c in counts.items()}
     assert by_op["verify_tree"]["note_step"] == {"triton:_tree_parents_kernel": 1}, counts
-    # a prefill's flush: its rows, the fold, the pointer move, and the rows' early folds noted (flush_stagger.py); a commit: its indices + counts, (the tree path's records
-    # to the cursor,) the fold, the pointer move, SGLang's conv rollback, and SGLang's slot lookup (one index op)
+    # a prefill's flush: its rows, the fold, the pointer move, and the rows' early folds noted (flush_stagger.py); a
+    # commit: its indices + counts, (the tree path's records to the cursor,) the fold, the pointer move, SGLang's conv
+    # rollback, and SGLang's slot lookup (one index op)
     assert by_op["prefill"]["note_step"] == {"triton:_flush_prep_kernel": 1, "triton:_fold_kernel": 1,
                                              "triton:_flush_move_kernel": 1, "_to_copy": 1, "clamp": 1,
                                              "remainder": 1, "index_copy_": 1}, counts

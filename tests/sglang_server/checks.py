@@ -116,11 +116,8 @@ def greedy_equals_transformers(server: SGLangServer) -> list[list[int]]:
         why = _agrees_with_transformers(server, ids, got)
         assert why is None, f"{server.name}: {p!r}: {why}"
         solo.append(got)
-    batch = requests.post(server.url + "/generate", json={
-        "input_ids": [prompt_ids(server, p) for p in PROMPTS],
-        "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}, timeout=300)
-    assert batch.status_code == 200, batch.text
-    for p, one, r in zip(PROMPTS, solo, batch.json()):
+    batch = server.generate([prompt_ids(server, p) for p in PROMPTS])   # one request of the batch
+    for p, one, r in zip(PROMPTS, solo, batch):
         why = same_greedy(server, prompt_ids(server, p), one, r["output_ids"])
         assert why is None, f"{server.name}: {p!r}: batched answer differs from solo: {why}"
     return solo
@@ -199,11 +196,8 @@ def wave_equals_solo(server: SGLangServer, n: int) -> None:
     texts = [f"{PROMPTS[i % len(PROMPTS)]} wave {i}" for i in range(n)]
     ids = [prompt_ids(server, t) for t in texts]
     want = [server.generate(i)["output_ids"] for i in ids]
-    batch = requests.post(server.url + "/generate", json={
-        "input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}},
-        timeout=300)
-    assert batch.status_code == 200, batch.text
-    bad = [t for t, i, w, r in zip(texts, ids, want, batch.json()) if same_greedy(server, i, r["output_ids"], w)]
+    batch = server.generate(ids)   # one request: the wave
+    bad = [t for t, i, w, r in zip(texts, ids, want, batch) if same_greedy(server, i, r["output_ids"], w)]
     assert not bad, f"{server.name}: {len(bad)} of {n} answers of the wave differ from their solo answers: {bad}"
 
 
