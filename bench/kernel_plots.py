@@ -62,28 +62,29 @@ def plot(out, results=None, name="kernels.png"):
 
 
 def plot_sweep(out, rows, name, plt):
-    """A sweep's PNG: per (geometry, swept kernel) one panel of horizontal bars, ms per step of each
+    """A sweep's PNG: per (geometry, swept kernel, batch) one panel of horizontal bars, ms per step of each
     configuration (fastest in a darker colour), labelled with ms and GB/s."""
-    panels = sorted({(r["geo"], r["kernel"]) for r in rows if r.get("ms")})
+    panels = sorted({(r["geo"], r["kernel"], r["B"]) for r in rows if r.get("ms")}, key=lambda p: (p[0], p[2], p[1]))
     if not panels:
         raise SystemExit("no timed rows to plot")
     cols = min(4, len(panels))
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 0.9 + 0.32 * max(
-        sum(1 for r in rows if (r["geo"], r["kernel"]) == p and r.get("ms")) for p in panels) * nrows),
+        sum(1 for r in rows if (r["geo"], r["kernel"], r["B"]) == p and r.get("ms")) for p in panels) * nrows),
         squeeze=False)
-    for ax, (geo, kernel) in zip(axes.flat, panels):
-        sel = [r for r in rows if r["geo"] == geo and r["kernel"] == kernel and r.get("ms")]
+    for ax, (geo, kernel, B) in zip(axes.flat, panels):
+        sel = [r for r in rows if (r["geo"], r["kernel"], r["B"]) == (geo, kernel, B) and r.get("ms")]
         best = min(r["ms"] for r in sel)
         ys = range(len(sel))
         ax.barh(ys, [r["ms"] for r in sel], color=["C3" if r["ms"] == best else "C0" for r in sel])
         for y, r in zip(ys, sel):
             ax.annotate(f" {r['ms']:.3f} ms, {r.get('GBps') or 0:.0f} GB/s", (r["ms"], y), va="center", fontsize=6)
         ax.set_yticks(list(ys))
-        ax.set_yticklabels([r.get("note", "") + (f" [{r['variant']}]" if "variant" in r else "") for r in sel], fontsize=6)
+        ax.set_yticklabels([r.get("note", "")[:32] + (f" [{r['variant']}]" if "variant" in r else "") for r in sel],
+                           fontsize=6)
         ax.invert_yaxis()
         ax.set_xlim(0, max(r["ms"] for r in sel) * 1.45)
-        ax.set_xlabel(f"ms / step at B = {sel[0]['B']}", fontsize=7)
+        ax.set_xlabel(f"ms / step at B = {B}", fontsize=7)
         ax.set_title(f"{geo}\n{kernel}", fontsize=8)
         ax.grid(True, axis="x", alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:

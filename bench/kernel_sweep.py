@@ -10,7 +10,8 @@ import torch
 import triton
 
 from kernel_harness import (DEV, GEOMS, L, RESULTS, KernelTuning, bench_graph, bytes_replay, copy_bandwidth,
-                            cursor_sets, make_inputs, make_pool, module, record, run_replay_ours, timed, verify_methods)
+                            cursor_sets, make_inputs, make_pool, module, record, run_replay_ours, run_sglang_replay, timed,
+                            verify_methods)
 
 
 def _configs(spec):
@@ -56,6 +57,13 @@ def sweep(args):
                            note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
                            + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else "")
                            + (f"_fw{cfg[5]}" if len(cfg) > 5 and cfg[5] else ""))
+            if args.sweep_peer and rc == "none":   # the peer on the same rows and cursors, same harness
+                state = torch.randn(B + 1, geo["H"], geo["Dv"], geo["Dk"], device=DEV) * 0.05
+                sr = timed(run_sglang_replay, geo, B, state, slots, inp, B)
+                ms = timed(bench_graph, sr, 60) if sr else None
+                record(geo=geo["name"], B=B, kernel="sglang_replayssm", ms=ms, GBps=nb / ms / 1e6 if ms else None,
+                       note="SGLang's fused_recurrent_linear_replayssm_decode" if sr else "peer not importable")
+                del state
             save()
             del pool
         pool = make_pool(geo, B)

@@ -50,6 +50,8 @@ def main():
                     help="decode configs BVxBKxWARPS[xSTAGES[xFLUSH_BK[xFLUSH_WARPS]]] (STAGES: software-pipelined "
                          "state loop; FLUSH_BK: column chunk of flush rows; FLUSH_WARPS: warps of the split decode's "
                          "flush launch; 0 = default)")
+    ap.add_argument("--sweep-peer", action="store_true",
+                    help="the sweep also times SGLang's ReplaySSM decode (GDN, KDA) at the sweep batch, same harness")
     ap.add_argument("--sweep-decode-methods", default="fused,split",
                     help="decode methods to sweep, comma-separated (fused, split)")
     ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
