@@ -33,11 +33,18 @@ CPU_DEFAULTS: dict[str, str | None] = {
     "--disable-cuda-graph": None,
     "--mamba-radix-cache-strategy": "no_buffer",
     "--disable-overlap-schedule": None,
-    "--mem-fraction-static": "0.3",
+    # the pools are sized by the caps below; on a CPU SGLang takes the machine's free memory, before and after the
+    # weights load, as its device memory, so memory other processes take meanwhile counts as the model's: 0.6 leaves
+    # ~10 GB of such slack on a 24 GB machine (0.3 failed a TP-2 start beside two starting Ray replicas: "Loaded
+    # weights leave no GPU memory for the KV cache")
+    "--mem-fraction-static": "0.6",
     "--max-running-requests": "8",
     "--max-total-tokens": "8192",
     "--max-mamba-cache-size": "24",
     "--chunked-prefill-size": "1024",
+    # an idle scheduler polls its sockets without pause, a whole core (measured: 1.01 cores over 10 s idle); SGLang's
+    # own switch makes it wait on them (zmq poll, woken by the next request)
+    "--sleep-on-idle": None,
     # bf16 Triton kernels are wrong under Triton's interpreter, and the Mamba-2 conv and speculative
     # decoding run Triton kernels on CPU tensors: fp32 everywhere (tiny models: it costs nothing).
     "--dtype": "float32",

@@ -16,18 +16,13 @@ from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions  # noqa: E402
 from sglang_replayssm.sglang_plugin import options as plugin_options  # noqa: E402
 
 
-LOADED_WITHOUT_OPTIONS: set = set()
-
-
 def load_plugin() -> None:
     """What every SGLang process does at start: discover entry points, run them, apply the hooks (with ReplaySSM
     not yet asked for); then the engine hooks, as the flag parser adds them once ReplaySSM is asked for."""
     saved = os.environ.pop(ENV_VAR, None)
     from sglang.srt.plugins import load_plugins
-    from sglang.srt.plugins.hook_registry import HookRegistry
 
     load_plugins()
-    LOADED_WITHOUT_OPTIONS.update(HookRegistry._patched)
     from sglang_replayssm.sglang_plugin.engine_hooks import ensure_engine_hooks
 
     ensure_engine_hooks()

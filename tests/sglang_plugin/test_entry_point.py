@@ -6,8 +6,11 @@ builds the ReplaySSM pool, decodes, and exports the replayssm: metrics in promet
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from sglang_replayssm.flags import ENV_VAR, ReplaySSMOptions
@@ -35,13 +38,20 @@ def test_entry_point_is_discovered():
 
 
 def test_only_flag_hooks_without_replayssm():
+    """A fresh Python that loads SGLang's plugins with ReplaySSM not asked for gets our CLI hooks and none of the
+    engine hooks. (In a fresh process: a test process that already applied the engine hooks keeps them.)"""
     from sglang_replayssm.sglang_plugin.engine_hooks import engine_table
     from sglang_replayssm.sglang_plugin.hooks import cli_table
 
-    from .conftest import LOADED_WITHOUT_OPTIONS
-
-    assert {t for t, _, _ in cli_table()} <= LOADED_WITHOUT_OPTIONS
-    assert not {t for t, _, _ in engine_table()} & LOADED_WITHOUT_OPTIONS
+    code = ("import json\nfrom sglang.srt.plugins import load_plugins\n"
+            "from sglang.srt.plugins.hook_registry import HookRegistry\n"
+            "load_plugins()\nprint(json.dumps(sorted(HookRegistry._patched)))")
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert {t for t, _, _ in cli_table()} <= loaded
+    assert not {t for t, _, _ in engine_table()} & loaded
 
 
 def test_sglang_plugins_whitelist_can_exclude_it(monkeypatch):

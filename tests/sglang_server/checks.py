@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 import time
 
 import requests
 
-from .conftest import NEW_TOKENS, PROMPTS, SGLangServer, metric_value, prompt_ids
+from .conftest import NEW_TOKENS, PROMPTS, TRANSFORMERS5_FOLDERS, SGLangServer, metric_value, prompt_ids
 
 # Logprobs of the tokens each configuration generated, against the stock SGLang server's logprobs for the same
 # prompts (its conventional decode, measured in the same session). transformers is the oracle for tokens, not for
@@ -151,6 +152,21 @@ def plugin_log_says(server: SGLangServer, *needles: str) -> None:
     assert line, f"{server.name}: no ReplaySSM pool was built"
     for n in needles:
         assert n in line, f"{server.name}: {n!r} not in {line!r}"
+
+
+def served_through_overlay(server: SGLangServer) -> None:
+    """A checkpoint as users have it: the server started from the tiny folder exactly as transformers 5 saves it
+    (``conftest.TRANSFORMERS5_FOLDERS``), which SGLang 0.5.23 itself cannot read; ``python -m
+    sglang_replayssm.launch`` served it through an overlay folder with SGLang's config names
+    (``sglang_replayssm/checkpoint_names.py``), under the user's folder name (read from the server's log)."""
+    user_folder = server.model_dir
+    assert user_folder.name == TRANSFORMERS5_FOLDERS[server.name], user_folder
+    log = server.log_path.read_text(errors="replace")
+    overlays = server.log_path.parent / "checkpoint-overlays"
+    assert (f"{user_folder}: config.json uses transformers 5 names that SGLang 0.5.23 does not read; "
+            f"serving it through {overlays}") in log
+    # SGLang logs its server args at start (as a dict): clients see the user's folder as the model name
+    assert re.search(rf"served_model_name'?(=|: )'{re.escape(str(user_folder))}'", log), "served_model_name"
 
 
 def metrics_move(server: SGLangServer) -> None:

@@ -1,10 +1,11 @@
 """The real SGLang server, with and without our plugin, on this CPU machine (the CPU harness).
 
-One server runs at a time (``servers.get(name)`` stops the previous one): each is SGLang's whole stack
+One server runs at a time in a test process (``servers.get(name)`` stops the previous one): each is SGLang's whole stack
 (HTTP front end, tokenizer manager, scheduler with its radix cache and memory pools, model runner,
 detokenizer) started as a user would, ``python -m sglang_replayssm.launch --engine sglang --device cpu``
 (plugin on) or ``python -m sglang.launch_server`` under the harness (plugin off), on 127.0.0.1 and a
-free port. Tests of one configuration sit together in their module, so each configuration starts once.
+free port. Tests of one configuration sit together in their module, so each configuration starts once; a module's
+last server stops with the module.
 
 The oracle is ``transformers``: greedy tokens of the same checkpoint (``checks.py``).
 """
@@ -187,6 +188,7 @@ class SGLangServer:
 class Servers:
     def __init__(self, model_dir: Path, log_dir: Path):
         self.model_dir, self.log_dir = model_dir, log_dir
+        _SESSION_SERVERS.append(self)
         self.current: SGLangServer | None = None
         self.startup_s: dict[str, float] = {}
         self.failed: dict[str, str] = {}
@@ -209,6 +211,19 @@ class Servers:
         if self.current is not None:
             self.current.stop()
             self.current = None
+
+
+_SESSION_SERVERS: list[Servers] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_server_after_each_module():
+    """A module's last server stops with its module (a later module that needs it starts it again): under
+    ``pytest -n 2`` the server files are two groups, and a worker goes on to other tests after its group, which a
+    server left running (an idle SGLang scheduler polls) would slow."""
+    yield
+    for s in _SESSION_SERVERS:
+        s.close()
 
 
 @pytest.fixture(scope="session")

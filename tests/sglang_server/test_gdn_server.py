@@ -68,7 +68,9 @@ def test_plugin_window16_metrics_move(servers):
 
 
 def test_plugin_triton_kernels_window4_equal_transformers(servers):
+    """Started from the folder as transformers 5 saves it (served through an overlay of SGLang's names)."""
     s = servers.get("gdn-L4-kernels")
+    checks.served_through_overlay(s)
     checks.plugin_log_says(s, "window 4", "ops kernels")
     checks.greedy_equals_transformers(s)
     checks.logprobs_match_stock(s, checks.EXACT_LOGPROB_TOL)

@@ -16,7 +16,9 @@ def test_stock_sglang_equals_transformers(servers):
 
 
 def test_plugin_window4_equals_transformers_and_stock(servers):
+    """Started from the folder as transformers 5 saves it (served through an overlay of SGLang's names)."""
     s = servers.get("m2-L4")
+    checks.served_through_overlay(s)
     checks.greedy_equals_transformers(s)
     checks.logprobs_match_stock(s, checks.EXACT_LOGPROB_TOL)
     checks.plugin_log_says(s, "(mamba2, 2 layers, window 4, ckpt fp32, read copy none", "ops reference")
