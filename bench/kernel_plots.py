@@ -64,16 +64,18 @@ def plot(out, results=None, name="kernels.png"):
 def plot_sweep(out, rows, name, plt):
     """A sweep's PNG: per (geometry, swept kernel, batch) one panel of horizontal bars, ms per step of each
     configuration (fastest in a darker colour), labelled with ms and GB/s."""
-    panels = sorted({(r["geo"], r["kernel"], r["B"]) for r in rows if r.get("ms")}, key=lambda p: (p[0], p[2], p[1]))
+    def panel_of(r):
+        return r["geo"], r["kernel"], r["B"]
+    panels = sorted({panel_of(r) for r in rows if r.get("ms")}, key=lambda p: (p[0], p[2], p[1]))
     if not panels:
         raise SystemExit("no timed rows to plot")
     cols = min(4, len(panels))
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 0.9 + 0.32 * max(
-        sum(1 for r in rows if (r["geo"], r["kernel"], r["B"]) == p and r.get("ms")) for p in panels) * nrows),
+        sum(1 for r in rows if panel_of(r) == p and r.get("ms")) for p in panels) * nrows),
         squeeze=False)
     for ax, (geo, kernel, B) in zip(axes.flat, panels):
-        sel = [r for r in rows if (r["geo"], r["kernel"], r["B"]) == (geo, kernel, B) and r.get("ms")]
+        sel = [r for r in rows if panel_of(r) == (geo, kernel, B) and r.get("ms")]
         best = min(r["ms"] for r in sel)
         ys = range(len(sel))
         ax.barh(ys, [r["ms"] for r in sel], color=["C3" if r["ms"] == best else "C0" for r in sel])

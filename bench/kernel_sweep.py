@@ -57,7 +57,9 @@ def sweep(args):
                            note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
                            + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else "")
                            + (f"_fw{cfg[5]}" if len(cfg) > 5 and cfg[5] else ""))
-            if args.sweep_peer and rc == "none":   # the peer on the same rows and inputs (its ring positions spread as ours)
+            # the peer on the same rows and inputs (its ring positions spread as ours); SGLang has no ReplaySSM
+            # decode for Mamba-2, so that family has no peer row
+            if args.sweep_peer and rc == "none" and geo["family"] != "mamba2":
                 state = torch.randn(B + 1, geo["H"], geo["Dv"], geo["Dk"], device=DEV) * 0.05
                 sr = timed(run_sglang_replay, geo, B, state, slots, inp, B)
                 ms = timed(bench_graph, sr, 60) if sr else None

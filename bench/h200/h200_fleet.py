@@ -220,13 +220,15 @@ def _sharegpt(state: Path) -> Path:
     return p
 
 
-def _bench_argv(info: dict, name: str, conc: int, data: Path, row: Path) -> list[str]:
+def _bench_argv(info: dict, name: str, conc: int, data: Path, row: Path, seed: int) -> list[str]:
+    """bench_serving's flags for one row; `seed` picks its prompts (the round: a second round sends new prompts, so
+    an NGRAM server's corpus has not seen them, and every server of a round gets the same ones)."""
     model = info["argv"][3]
     return ["--backend", "sglang", "--host", "127.0.0.1", "--port", str(info["port"]), "--model", model,
             "--tokenizer", model, "--dataset-name", "random", "--dataset-path", str(data),
             "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
             "--num-prompts", str(PROMPTS_PER_CONC[conc]), "--request-rate", "inf", "--max-concurrency", str(conc),
-            "--tokenize-prompt", "--warmup-requests", "4", "--disable-tqdm", "--seed", "1", "--tag", name,
+            "--tokenize-prompt", "--warmup-requests", "4", "--disable-tqdm", "--seed", str(seed), "--tag", name,
             "--output-file", str(row)]
 
 
@@ -251,7 +253,7 @@ def bench(state: Path, deadline: float) -> None:
             for n in live:
                 row = out / (f"{n}_c{conc}" + (f"_r{rnd}" if rnd > 1 else "") + ".jsonl")
                 if not (row.exists() and row.stat().st_size):
-                    rows.append([n, conc, str(row), _bench_argv(st[n], n, conc, data, row)])
+                    rows.append([n, conc, str(row), _bench_argv(st[n], n, conc, data, row, rnd)])
     if not rows:
         return
     (out / "rows.json").write_text(json.dumps(rows))
