@@ -219,8 +219,8 @@ _SESSION_SERVERS: list[Servers] = []
 @pytest.fixture(scope="module", autouse=True)
 def _stop_the_server_after_each_module():
     """A module's last server stops with its module (a later module that needs it starts it again): under
-    ``pytest -n 2`` the server files are two groups, and a worker goes on to other tests after its group, which a
-    server left running (an idle SGLang scheduler polls) would slow."""
+    ``pytest -n 2`` the server files are two groups, and a worker goes on to other tests after its group; a server
+    left running would hold its processes and memory beside them (a TP-2 server: three processes)."""
     yield
     for s in _SESSION_SERVERS:
         s.close()
