@@ -5,7 +5,7 @@ One server runs at a time in a test process (``servers.get(name)`` stops the pre
 detokenizer) started as a user would, ``python -m sglang_replayssm.launch --engine sglang --device cpu``
 (plugin on) or ``python -m sglang.launch_server`` under the harness (plugin off), on 127.0.0.1 and a
 free port. Tests of one configuration sit together in their module, so each configuration starts once; a module's
-last server stops with the module.
+last server stops with the module (the ``servers`` fixture is module-scoped).
 
 The oracle is ``transformers``: greedy tokens of the same checkpoint (``checks.py``).
 """
@@ -188,7 +188,6 @@ class SGLangServer:
 class Servers:
     def __init__(self, model_dir: Path, log_dir: Path):
         self.model_dir, self.log_dir = model_dir, log_dir
-        _SESSION_SERVERS.append(self)
         self.current: SGLangServer | None = None
         self.startup_s: dict[str, float] = {}
         self.failed: dict[str, str] = {}
@@ -213,19 +212,6 @@ class Servers:
             self.current = None
 
 
-_SESSION_SERVERS: list[Servers] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_the_server_after_each_module():
-    """A module's last server stops with its module (a later module that needs it starts it again): under
-    ``pytest -n 2`` the server files are two groups, and a worker goes on to other tests after its group; a server
-    left running would hold its processes and memory beside them (a TP-2 server: three processes)."""
-    yield
-    for s in _SESSION_SERVERS:
-        s.close()
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> Path:
     from sglang_replayssm.cpu_harness.tiny_checkpoints import FAMILIES, KIMI, QWEN3_NEXT_MTP, write_checkpoint
@@ -238,8 +224,10 @@ def tiny_models(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def servers(tiny_models, tmp_path_factory):
+    """The servers of one module: its last server stops with it (under ``pytest -n 2`` a worker goes on to other
+    groups after its server files, and a server left running would hold its processes and memory beside them)."""
     s = Servers(tiny_models, tmp_path_factory.mktemp("sglang-server-logs"))
     yield s
     s.close()

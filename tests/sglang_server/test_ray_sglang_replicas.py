@@ -171,8 +171,8 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(servers, tiny_models, tmp_path_factory):
-    servers.close()   # the single SGLang server of the other modules: one SGLang stack at a time
+def cluster(tiny_models, tmp_path_factory):
+    # the other server modules' servers stopped with their modules (conftest's module-scoped `servers`)
     c = Cluster(tiny_models / "qwen3_next", tmp_path_factory.mktemp("ray-sglang"))
     try:
         c.wait_ready()
