@@ -37,6 +37,7 @@ class _ReplicaCollector:
             stats = dict(st.stats)
             stamps = dict(st.stats_time)
             inflight = dict(st.inflight)
+            loads = dict(st.policy_loads)
             replicas = list(st.seen_replicas)
             tree_nodes = len(st.tree)
         now = time.monotonic()
@@ -47,12 +48,18 @@ class _ReplicaCollector:
                                "1 when the replica reported routing stats recently", labels=["replica"])
         inf = GaugeMetricFamily("replayssm_router_replica_inflight",
                                 "requests this router has in flight on each replica", labels=["replica"])
+        load = GaugeMetricFamily("replayssm_router_replica_load",
+                                 "requests the routing policy counted on each replica at its last decision (the "
+                                 "larger of this router's in-flight count and Serve's queue-length cache)",
+                                 labels=["replica"])
         engine: dict = {}
         for r in replicas:
             s = stats.get(r) or {}
             fresh = r in stamps and now - stamps[r] < STATS_TTL_S
             up.add_metric([r], 1.0 if fresh else 0.0)
             inf.add_metric([r], float(inflight.get(r, 0)))
+            if r in loads:
+                load.add_metric([r], float(loads[r]))
             for f in LOAD_FIELDS:
                 v = s.get(f)
                 if isinstance(v, (int, float)):
@@ -75,6 +82,7 @@ class _ReplicaCollector:
         yield from fams.values()
         yield up
         yield inf
+        yield load
         yield GaugeMetricFamily("replayssm_router_prefix_tree_nodes",
                                 "nodes in the router's prefix tree", value=float(tree_nodes))
         yield from engine.values()

@@ -64,6 +64,7 @@ class ReplaySSMRouter(RequestRouter):
                 st.update_stats(uid, stats)
                 slots[uid] = stats.get("total_slots")
             loads[uid] = st.load(uid, self.replica_queue_len_cache.get(r.replica_id))
+        st.note_loads(loads)
         key = payload.get("route_key") or ""
         with st.lock:
             matches = st.tree.match(key, by_id.keys()) if key else {}

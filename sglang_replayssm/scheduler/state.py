@@ -43,6 +43,7 @@ class RouterState:
             self.stats_time: dict[str, float] = {}
             self.seen_replicas: list[str] = []            # first-seen order: the packing tie-break
             self.applied_prefix_reports: dict[str, int] = {}
+            self.policy_loads: dict[str, int] = {}        # replica -> load the policy counted, last decision
 
     # -- load -------------------------------------------------------------------------------
     def load(self, replica: str, serve_queue_len: int | None = None) -> int:
@@ -51,6 +52,11 @@ class RouterState:
         Engine-reported running/waiting arrive late (stats period + controller broadcast) and are
         used for metrics, not for load: a stale report would keep an idle replica looking busy."""
         return max(self.inflight.get(replica, 0), serve_queue_len or 0)
+
+    def note_loads(self, loads: dict[str, int]) -> None:
+        """The loads a routing decision counted (exported as replayssm_router_replica_load)."""
+        with self.lock:
+            self.policy_loads.update(loads)
 
     def note_replica(self, replica: str) -> None:
         if replica not in self.seen_replicas:
@@ -68,6 +74,7 @@ class RouterState:
                 self.inflight.pop(r, None)
                 self.open_requests = {k for k in self.open_requests if k[1] != r}
                 self.applied_prefix_reports.pop(r, None)
+                self.policy_loads.pop(r, None)
 
     def update_stats(self, replica: str, stats: dict) -> None:
         """Merge a replica's routing stats: load numbers and the prefixes its engine reports.

@@ -133,7 +133,8 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
                 engines[b].resume()
                 # 2. A is at its target batch: the shared prompt spills to B
                 r0 = await complete(c, shared, 4, **EXTRA)
-                assert r0["replica"] == b and r0["route"] == "pack"
+                loads = await _per_replica(c, "replayssm_router_replica_load")
+                assert (r0["replica"], r0["route"]) == (b, "pack"), (a, b, loads)
             await l2.until_started()
             assert l1.replica == l2.replica == a and l1.route == l2.route == "pack"
             hits_before = await _per_replica(c, "replayssm:prefix_cache_hits_total")
@@ -165,7 +166,9 @@ def test_prefix_affinity_packing_and_overload_override(cluster):
                 h2, b2 = await _send(c, {"prompt": shared + "long five", "max_tokens": LONG, **EXTRA})
                 assert b1 == b2 == b
                 r = await complete(c, shared + "question six", 4, **EXTRA)
-                assert (r["replica"], r["route"]) == (a, "load_override")
+                loads = await _per_replica(c, "replayssm_router_replica_load")   # what that decision counted
+                assert (r["replica"], r["route"]) == (a, "load_override"), (a, b, loads)
+                assert loads == {a: 0, b: 2}
             await h2.until_started()
             assert (h1.replica, h1.route) == (b, "prefix_hit") and (h2.replica, h2.route) == (b, "prefix_hit")
             await h1.cancel()

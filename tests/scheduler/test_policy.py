@@ -162,6 +162,26 @@ def test_router_state_inflight_counts_survive_any_callback_order():
     assert ("rejected%d" % (3 * EARLY_COMPLETION_MAX - 1), "b") in st.early_completions
 
 
+def test_the_loads_a_decision_counted_are_exported_until_their_replica_leaves():
+    from sglang_replayssm.scheduler.metrics import RouterMetrics
+    from sglang_replayssm.scheduler.state import RouterState
+
+    from .client import metric_values
+
+    st = RouterState(PolicyConfig())
+    metrics = RouterMetrics(st)
+    for r in ("a", "b"):
+        st.note_replica(r)
+    assert metric_values(metrics.render().decode(), "replayssm_router_replica_load") == {}   # no decision yet
+    st.note_loads({"a": 3, "b": 0})
+    st.note_loads({"b": 1})          # a decision among a subset of the replicas keeps the others' last counts
+    page = metrics.render().decode()
+    assert metric_values(page, "replayssm_router_replica_load") == {'{replica="a"}': 3.0, '{replica="b"}': 1.0}
+    st.forget_replicas_except({"b"})
+    page = metrics.render().decode()
+    assert metric_values(page, "replayssm_router_replica_load") == {'{replica="b"}': 1.0}
+
+
 def test_default_target_batch_is_each_replicas_slot_count():
     """No --route-target-batch: a replica is packed up to its reported total_slots, then the next one
     fills (issue 17, item 16: with a fixed 32, all of a 40-request run went to one 8-slot replica)."""
