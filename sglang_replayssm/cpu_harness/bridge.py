@@ -393,4 +393,5 @@ def install() -> None:
     install_after_import_patches(_AFTER_IMPORT)
     from . import dist_ops   # tensor parallelism (--tp N): per-rank CPU binding, gloo collectives
 
-    dist_ops.install()
+    dist_ops.register()
+    install_after_import_patches(dist_ops.AFTER_IMPORT)

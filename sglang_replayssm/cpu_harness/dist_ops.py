@@ -3,7 +3,8 @@ without its CPU kernel build or one NUMA node per rank.
 
 SGLang's CPU engine runs one scheduler process per TP rank and joins them with ``torch.distributed`` over
 gloo (its ``GroupCoordinator.all_reduce`` / ``all_gather`` take gloo when the shared-memory kernels are not
-available, which they are not here). ``install()`` (called by ``bridge.install()`` in every process) adds:
+available, which they are not here). ``bridge.install()`` adds in every process (``register()`` and the
+patches of ``AFTER_IMPORT``):
 
 * per-rank CPU binding: SGLang's ``numa_utils.init_threads_binding`` asserts one NUMA node per rank unless
   ``SGLANG_CPU_OMP_THREADS_BIND`` names the cores of each rank. When it is unset and there are more ranks
@@ -140,12 +141,10 @@ _SCHEMAS = {
 }
 
 
-def install() -> None:
-    """The collectives above (once per process) and the after-import patches."""
+def register() -> None:
+    """The collectives above, once per process (``AFTER_IMPORT``'s patches are the bridge's to install)."""
     global _LIB
-    from .bridge import install_after_import_patches
     from .cpu_ops import register_schemas
 
     if _LIB is None:
         _LIB = register_schemas(_SCHEMAS)
-    install_after_import_patches(AFTER_IMPORT)
