@@ -49,8 +49,8 @@ class _ReplicaCollector:
         inf = GaugeMetricFamily("replayssm_router_replica_inflight",
                                 "requests this router has in flight on each replica", labels=["replica"])
         load = GaugeMetricFamily("replayssm_router_replica_load",
-                                 "requests the routing policy counted on each replica at its last decision (the "
-                                 "larger of this router's in-flight count and Serve's queue-length cache)",
+                                 "requests the routing policy counted on each replica at its last decision (in "
+                                 "flight there, or placed there and not yet handed over by Serve)",
                                  labels=["replica"])
         engine: dict = {}
         for r in replicas:

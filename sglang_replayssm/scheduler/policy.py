@@ -19,8 +19,7 @@ report: the batch it decodes at once; DEFAULT_TARGET_BATCH for a replica that re
 fixed target above a replica's slots would queue requests on a full replica while another idles.
 
 `policy="spread"` replaces step 3 with step 4 (classic least-loaded), for comparison in bench/.
-Load = requests in flight on the replica (the larger of the router's own count and what the
-replica's engine reports as running + waiting).
+Load = requests on the replica as the router counts them (state.RouterState.loads).
 """
 
 from __future__ import annotations

@@ -53,7 +53,6 @@ class ReplaySSMRouter(RequestRouter):
         exclude = set(payload.get("exclude") or ())
         usable = [r for r in candidates if r.replica_id.unique_id not in exclude] or list(candidates)
         by_id = {}
-        loads = {}
         slots = {}
         for r in usable:
             uid = r.replica_id.unique_id
@@ -63,7 +62,7 @@ class ReplaySSMRouter(RequestRouter):
             if stats:
                 st.update_stats(uid, stats)
                 slots[uid] = stats.get("total_slots")
-            loads[uid] = st.load(uid, self.replica_queue_len_cache.get(r.replica_id))
+        loads = st.loads(by_id)
         st.note_loads(loads)
         key = payload.get("route_key") or ""
         with st.lock:
@@ -72,6 +71,8 @@ class ReplaySSMRouter(RequestRouter):
         route_id = payload.get("route_id")
         if route_id:
             st.choices[route_id] = choice
+        if pending_request is not None and choice.ranked:
+            st.chose(pending_request.metadata.internal_request_id, choice.ranked[0])
         return [[by_id[uid]] for uid in choice.ranked]
 
     def update_replicas(self, replicas: list[RunningReplica]):

@@ -19,6 +19,8 @@ STATS_TTL_S = 30.0
 # how long a completion that arrived before its routing notice is remembered (see completed())
 EARLY_COMPLETION_TTL_S = 300.0
 EARLY_COMPLETION_MAX = 8192
+# how long a request the policy placed counts on its replica before Serve's routing notice (see chose())
+PENDING_TTL_S = 10.0
 
 
 class RouterState:
@@ -36,6 +38,7 @@ class RouterState:
             self.tree = PrefixTree(block_chars=cfg.block_chars)
             self.inflight: dict[str, int] = {}           # replica -> requests this router sent, not done
             self.open_requests: set = set()               # (serve internal request id, replica) counted in inflight
+            self.pending: dict[str, tuple[str, float]] = {}  # serve internal request id -> (replica chosen, when)
             self.early_completions: dict[tuple[str, str], float] = {}  # completed before routed: time seen
             self.choices: dict[str, Choice] = {}          # route id -> last policy choice
             self.routed: dict[str, str] = {}              # route id -> replica it went to
@@ -46,12 +49,34 @@ class RouterState:
             self.policy_loads: dict[str, int] = {}        # replica -> load the policy counted, last decision
 
     # -- load -------------------------------------------------------------------------------
-    def load(self, replica: str, serve_queue_len: int | None = None) -> int:
-        """Requests in flight on `replica`: the larger of this router's own count and Serve's
-        queue-length cache (probed from the replica, so it includes other routers' requests).
-        Engine-reported running/waiting arrive late (stats period + controller broadcast) and are
-        used for metrics, not for load: a stale report would keep an idle replica looking busy."""
-        return max(self.inflight.get(replica, 0), serve_queue_len or 0)
+    def loads(self, replicas) -> dict[str, int]:
+        """{replica: requests on it}: those in flight there (routed, not completed) plus those the policy
+        chose it for that Serve has not handed over yet (`chose`), so a burst of requests placed before
+        the first of them is routed still fills replicas one request at a time.
+
+        Every request to the engines passes this router (the ingress is one replica), so this count is
+        exact. Serve's own queue-length cache is not used: it can stay a request or two high for its
+        10 s lifetime after a burst (a completion counted down before an acceptance that still counted
+        it), which made an idle replica look full. Engine-reported running/waiting arrive late (stats
+        period + controller broadcast) and are used for metrics only, for the same reason."""
+        now = time.monotonic()
+        with self.lock:
+            stale = [k for k, (_, t) in self.pending.items() if now - t >= PENDING_TTL_S]
+            for k in stale:   # placed, then never routed (cancelled, or failed on every replica)
+                del self.pending[k]
+            out = {r: self.inflight.get(r, 0) for r in replicas}
+            for r, _ in self.pending.values():
+                if r in out:
+                    out[r] += 1
+        return out
+
+    def chose(self, internal_id: str | None, replica: str) -> None:
+        """The policy placed request `internal_id` first on `replica`; it counts there until Serve's
+        routing notice (`routed_to`, wherever the request went) or PENDING_TTL_S. A request choosing
+        again (Serve's backoff when every replica is full) replaces its earlier placement."""
+        if internal_id:
+            with self.lock:
+                self.pending[internal_id] = (replica, time.monotonic())
 
     def note_loads(self, loads: dict[str, int]) -> None:
         """The loads a routing decision counted (exported as replayssm_router_replica_load)."""
@@ -73,6 +98,7 @@ class RouterState:
                 self.stats_time.pop(r, None)
                 self.inflight.pop(r, None)
                 self.open_requests = {k for k in self.open_requests if k[1] != r}
+                self.pending = {k: v for k, v in self.pending.items() if v[0] != r}
                 self.applied_prefix_reports.pop(r, None)
                 self.policy_loads.pop(r, None)
 
@@ -105,6 +131,8 @@ class RouterState:
             if route_id:
                 self.routed[route_id] = replica
             key = (internal_id, replica)
+            if internal_id:
+                self.pending.pop(internal_id, None)
             if internal_id and self.early_completions.pop(key, None) is not None:
                 return  # it already finished (see completed()): nothing is in flight
             self.inflight[replica] = self.inflight.get(replica, 0) + 1

@@ -34,7 +34,6 @@ POLICY = PolicyConfig(policy="pack", target_batch=2, imbalance_threshold=2, min_
 # they can be found - and only they - even after a guard or engine was re-parented.
 MARKER = "SGLANG_REPLAYSSM_TEST_SESSION"
 SESSION = uuid.uuid4().hex
-SERVE_CACHE = "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S"
 
 
 def session_pids():
@@ -51,13 +50,7 @@ def cluster(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("scheduler")
     metrics_port = free_port()
-    # Serve's queue-length cache (which the policy's load takes the larger of, with the router's own
-    # count) can hold a replica's count one or two too high for its 10 s lifetime after a burst (a
-    # completion counted down before an acceptance that still counted it): the routing test then sees
-    # an idle replica as full (it spilled where it should pack). Off here, so the policy's input is the
-    # router's own exact count; Serve probes a replica before each send instead.
     os.environ[MARKER] = SESSION
-    os.environ[SERVE_CACHE] = "0"
     try:
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
                  _metrics_export_port=metrics_port, log_to_driver=False,
@@ -65,7 +58,6 @@ def cluster(tmp_path_factory):
                  _system_config={"metrics_report_interval_ms": 1000})
     finally:
         del os.environ[MARKER]  # this process's other children (other tests' servers) stay unmarked
-        del os.environ[SERVE_CACHE]
     port = free_port()
     opts = SchedulerOptions(replicas=NUM_REPLICAS, port=port, engine="native", engine_argv=engine_argv(tmp),
                             replica_num_cpus=0, health_check_period_s=1.0, stats_period_s=0.5,

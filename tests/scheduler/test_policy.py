@@ -2,6 +2,7 @@
 
 import argparse
 import random
+import time
 
 import pytest
 
@@ -160,6 +161,40 @@ def test_router_state_inflight_counts_survive_any_callback_order():
         st.completed(f"rejected{i}", "b")
     assert len(st.early_completions) <= EARLY_COMPLETION_MAX
     assert ("rejected%d" % (3 * EARLY_COMPLETION_MAX - 1), "b") in st.early_completions
+
+
+def test_a_placed_request_counts_on_its_replica_until_serve_hands_it_over(monkeypatch):
+    """A burst placed before any of it is routed fills replicas one request at a time; the placement
+    moves to wherever Serve routed the request, and one never routed (cancelled, or rejected by every
+    replica) stops counting after PENDING_TTL_S."""
+    from sglang_replayssm.scheduler import state as state_mod
+
+    st = state_mod.RouterState(PolicyConfig())
+    for r in ("a", "b"):
+        st.note_replica(r)
+    cfg = PolicyConfig(target_batch=2)
+    placed = []
+    for i in range(4):   # four requests placed at once: none routed yet
+        (first, *_), decision = (c := choose(st.loads(["a", "b"]), {}, cfg, order=["a", "b"])).ranked, c.decision
+        st.chose(f"r{i}", first)
+        placed.append((first, decision))
+    assert placed == [("a", PACK), ("a", PACK), ("b", PACK), ("b", PACK)]
+    assert st.loads(["a", "b"]) == {"a": 2, "b": 2}
+    assert choose(st.loads(["a", "b"]), {}, cfg, order=["a", "b"]).decision == SPILL
+    st.routed_to(None, "r0", "a")
+    st.routed_to(None, "r3", "a")                 # placed on b, Serve routed it to a
+    assert st.loads(["a", "b"]) == {"a": 3, "b": 1} and st.inflight == {"a": 2}
+    st.chose("r1", "b")                           # choosing again (Serve's backoff) moves the placement
+    assert st.loads(["a", "b"]) == {"a": 2, "b": 2}
+    st.completed("r0", "a")
+    st.completed("r3", "a")
+    assert st.loads(["a", "b"]) == {"a": 0, "b": 2}   # r1 and r2 placed on b, never routed
+    now = time.monotonic()
+    monkeypatch.setattr(state_mod.time, "monotonic", lambda: now + state_mod.PENDING_TTL_S)
+    assert st.loads(["a", "b"]) == {"a": 0, "b": 0} and not st.pending
+    st.chose("r4", "a")
+    st.forget_replicas_except({"b"})              # a replica that left takes its placements with it
+    assert st.loads(["a", "b"]) == {"a": 0, "b": 0}
 
 
 def test_the_loads_a_decision_counted_are_exported_until_their_replica_leaves():
