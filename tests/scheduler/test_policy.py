@@ -175,9 +175,9 @@ def test_a_placed_request_counts_on_its_replica_until_serve_hands_it_over(monkey
     cfg = PolicyConfig(target_batch=2)
     placed = []
     for i in range(4):   # four requests placed at once: none routed yet
-        (first, *_), decision = (c := choose(st.loads(["a", "b"]), {}, cfg, order=["a", "b"])).ranked, c.decision
-        st.chose(f"r{i}", first)
-        placed.append((first, decision))
+        choice = choose(st.loads(["a", "b"]), {}, cfg, order=["a", "b"])
+        st.chose(f"r{i}", choice.ranked[0])
+        placed.append((choice.ranked[0], choice.decision))
     assert placed == [("a", PACK), ("a", PACK), ("b", PACK), ("b", PACK)]
     assert st.loads(["a", "b"]) == {"a": 2, "b": 2}
     assert choose(st.loads(["a", "b"]), {}, cfg, order=["a", "b"]).decision == SPILL
