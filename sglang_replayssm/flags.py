@@ -149,7 +149,7 @@ class ReplaySSMOptions:
     @classmethod
     def parse(cls, argv: Sequence[str]) -> "ReplaySSMOptions":
         """Parse ReplaySSM flags alone (e.g. the part split off by split_argv)."""
-        parser = argparse.ArgumentParser(prog="replayssm", add_help=False)
+        parser = argparse.ArgumentParser(prog="python -m sglang_replayssm.launch", add_help=False, allow_abbrev=False)
         add_replayssm_args(parser)
         return cls.from_args(parser.parse_args(list(argv)))
 

@@ -1,7 +1,8 @@
 """`python -m sglang_replayssm.launch`: serve a hybrid SSM model with ReplaySSM.
 
     --engine native   the compact engine of sglang_replayssm.native (CPU or GPU); with no --model-path
-                      it serves a small built-in model (byte-level tokenizer) within seconds
+                      it serves tiny-gdn-hybrid, a small byte-level model trained on Python's standard
+                      library that ships in the package, within seconds
     --engine sglang   SGLang's server with the ReplaySSM plugin (pip install 'sglang-replayssm[sglang]');
                       a GPU, or --device cpu for the CPU harness: tiny models, slow, defaults of
                       sglang_replayssm.cpu_harness
@@ -14,6 +15,10 @@
                       pass --engine sglang for GPU replicas.
 
 The ReplaySSM flags (--replayssm-*) are shared with the SGLang plugin (sglang_replayssm.flags).
+With --engine sglang every flag not listed below goes to SGLang unchanged (--enable-metrics, --tp 2,
+--mem-fraction-static, --speculative-algorithm, ...: `python -m sglang.launch_server --help` lists them);
+with --replicas N, to each replica's engine. Our flags are spelled out in full: an abbreviation is an unknown
+flag (SGLang's parser takes a unique prefix of its own flags: such a flag is passed on, with a note).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import argparse
 import importlib.util
 import sys
 
-from .flags import FlagError, ReplaySSMOptions, add_replayssm_args
+from .argparsing import LAUNCH_PROG, Parser, unknown_flags_message
+from .flags import FlagError, ReplaySSMOptions, add_replayssm_args, split_argv
 
 ENGINES = ("auto", "native", "sglang")
 
@@ -59,7 +65,7 @@ def sglang_missing_error() -> str:
 
 
 def common_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="auto: sglang when importable and a GPU is present, else native (default)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -70,13 +76,17 @@ def common_parser() -> argparse.ArgumentParser:
 
 
 def native_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sglang_replayssm.launch", parents=[common_parser()],
-                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=LAUNCH_PROG, parents=[common_parser()], description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=None,
-                   help="HF folder with config.json + *.safetensors (NemotronH / Qwen3-Next / Qwen3.5); "
-                        "default: the built-in model ('embedded:gdn' for its GDN variant)")
+                   help="HF folder with config.json + *.safetensors (NemotronH / Qwen3-Next / Qwen3.5); default: "
+                        "tiny-gdn-hybrid, shipped in the package (sglang_replayssm/native/assets: byte-level, trained "
+                        "on Python's standard library; tiny-mamba2-hybrid beside it); 'embedded' / 'embedded:gdn': "
+                        "built-in models with random weights (fast, for tests; their answers are noise)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: cuda when available)")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="dtype of the weights and activations (default auto: float32 on CPU, bfloat16 on CUDA; "
+                        "the SSM checkpoint's precision is --replayssm-ckpt-precision)")
     p.add_argument("--max-running-requests", type=int, default=None,
                    help="pool slots = sequences decoded together (default 8 on CPU, 256 on GPU)")
     p.add_argument("--context-length", type=int, default=2048, help="longest prompt + output (default 2048)")
@@ -93,7 +103,8 @@ def native_parser() -> argparse.ArgumentParser:
                    help="the prefix cache keeps states every N tokens of a sequence, at prefill and decode (and "
                         "at a prompt's branching point and its last token but one), like SGLang's "
                         "--mamba-track-interval (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the built-in model's weights")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the built-in random-weight model's weights (--model-path embedded)")
     p.add_argument("--tokenizer", choices=("auto", "byte"), default="auto",
                    help="auto: the model folder's HuggingFace tokenizer (a folder without tokenizer files is "
                         "refused unless it declares a byte-level model in replayssm_tokenizer.json); byte: the "
@@ -104,8 +115,9 @@ def native_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-docs", action="store_true",
                    help="serve FastAPI's /docs, /redoc and /openapi.json (default: not served)")
     p.add_argument("--max-request-bytes", type=int, default=8 << 20,
-                   help="largest request body accepted (larger: 413, never read past the limit); default "
-                        "8388608 (8 MiB)")
+                   help="largest request body accepted (larger: a 413 naming the limit; nothing past it is kept); "
+                        "with --replicas the router's limit, and native engines get it plus 1 MiB for what the "
+                        "router adds; default 8388608 (8 MiB)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM: seconds running requests get to finish (new ones get a 503) before the "
                         "rest are ended with a 503 and the server exits 0 (default 30)")
@@ -185,12 +197,19 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     why = check_key(getattr(ns, "api_key", None))
     if why:
         parser.error(f"--api-key: {why}")
-    if ns.max_request_bytes < 1024:
-        parser.error(f"--max-request-bytes: must be >= 1024, got {ns.max_request_bytes}")
+    from .http_limits import limit_error
+
+    why = limit_error(ns.max_request_bytes)
+    if why:
+        parser.error(f"--max-request-bytes: {why}")
     if not (0 <= ns.drain_timeout < float("inf")):
         parser.error(f"--drain-timeout: must be a number of seconds >= 0, got {ns.drain_timeout}")
     if not (ns.stats_log_interval >= 0 and ns.stats_log_interval < float("inf")):
         parser.error(f"--stats-log-interval: must be a number of seconds >= 0, got {ns.stats_log_interval}")
+    if ns.model_path is None:   # the trained tiny model that ships in the package
+        from .native.engine_args import default_model_path
+
+        ns.model_path = default_model_path()
     check_model_path(ns, parser)
     import torch
 
@@ -228,6 +247,115 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     return args
 
 
+def check_replayssm_flags(argv: list[str], parser: Parser) -> None:
+    """The --replayssm-* flags of an SGLang command line, checked before SGLang is imported: a bad value is one
+    error line naming the flag (exit 2), as with the native engine."""
+    try:
+        ours, _ = split_argv(argv)
+        p = Parser(prog=parser.prog, add_help=False)
+        add_replayssm_args(p)
+        ReplaySSMOptions.from_args(p.parse_args(ours))
+    except FlagError as e:
+        parser.error(str(e))
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def sglang_device_error(argv: list[str]) -> str | None:
+    """Why SGLang cannot start here, before it spends its start-up finding out: no --device cpu (the CPU harness)
+    and no GPU visible. None when it can (a GPU, --device cpu, or a --device that SGLang itself must judge)."""
+    device = _flag_value(argv, "--device")
+    if device == "cpu" or (device is not None and not device.startswith("cuda")):
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if device is None and ((hasattr(torch, "xpu") and torch.xpu.is_available())
+                           or torch.backends.mps.is_available()):
+        return None
+    return ("--engine sglang: no GPU is visible (torch.cuda.is_available() is False); add --device cpu for "
+            "SGLang's CPU harness (tiny models, slow), or serve with --engine native")
+
+
+def sglang_flag_problems(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(error, notes) for the flags of an SGLang command line. SGLang's own parser takes a unique prefix of one of
+    its flags for that flag (`--tp 2` for `--tp-size 2`, as SGLang's docs write it): such a flag is passed on
+    unchanged, with a note saying what SGLang will read it as. A prefix of one of our --replayssm-* flags, and a
+    flag neither knows, is the error (with a "did you mean"). Imports SGLang's server arguments (the CPU harness,
+    if wanted, must be active already)."""
+    if any(a == "--config" or a.startswith("--config=") for a in argv):   # SGLang merges a config file's flags
+        return None, []
+    from sglang.srt.server_args import ServerArgs
+
+    from .flags import FLAG_SPELLINGS
+
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ServerArgs.add_cli_args(p)
+    sglang = {s for action in p._actions for s in action.option_strings if s.startswith("--")}
+    ours = set(FLAG_SPELLINGS)
+    unknown, notes = [], []
+    for word in argv:
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name in sglang or name in ours:
+            continue
+        expands = sorted(f for f in sglang if f.startswith(name))
+        if len(expands) == 1 and not any(f.startswith(name) for f in ours):
+            notes.append(f"sglang-replayssm: note: SGLang reads {name} as {expands[0]} (its parser takes a unique "
+                         "prefix of a flag; spell it out to be sure)")
+        else:
+            unknown.append(name)
+    return (unknown_flags_message(unknown, sorted(sglang | ours)) if unknown else None), notes
+
+
+def serve_sglang(common: argparse.Namespace, rest: list[str], parser: Parser, why: str) -> int:
+    """`--engine sglang` on one machine: SGLang's server with the plugin (the CPU harness with --device cpu)."""
+    check_replayssm_flags(rest, parser)
+    error = sglang_device_error(rest)
+    if error:
+        parser.error(error)
+    print(engine_line("sglang", why, None), flush=True)
+    from .checkpoint_names import CheckpointNameError, sglang_model_argv
+
+    try:   # a folder saved by transformers 5: served through an overlay with SGLang's config names
+        rest = sglang_model_argv(rest)
+    except CheckpointNameError as e:
+        parser.error(str(e))
+    from . import cpu_harness
+
+    if cpu_harness.wants_cpu(rest):   # a machine without a GPU: the CPU harness (tiny models, slow)
+        cpu_harness.activate()
+    error, notes = sglang_flag_problems(rest)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    if error:
+        parser.error(error)
+    if cpu_harness.wants_cpu(rest):
+        rest = cpu_harness.cpu_server_args(rest)
+    from . import sglang_plugin
+
+    try:
+        sglang_plugin.launch_server(rest + ["--host", common.host, "--port", str(common.port)])
+    except FlagError as e:   # a --replayssm-* flag SGLang's own arguments rule out (sglang_plugin/options.py)
+        parser.error(str(e))
+    return 0
+
+
+def default_model_line() -> str:
+    from .native.engine_args import DEFAULT_MODEL
+
+    return (f"sglang-replayssm: model {DEFAULT_MODEL} (the default without --model-path: a tiny byte-level model "
+            "trained on Python's standard library, shipped in the package; --model-path DIR serves yours)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = common_parser()
@@ -252,30 +380,19 @@ def main(argv: list[str] | None = None) -> int:
     elif engine == "sglang" and importlib.util.find_spec("sglang") is None:
         print(sglang_missing_error(), file=sys.stderr)
         return 2
-    print(engine_line(engine, why, common.replicas), flush=True)
     if common.replicas is not None:
+        print(engine_line(engine, why, common.replicas), flush=True)
         from . import scheduler
 
         common.engine, common.engine_argv = engine, rest
         return scheduler.launch_replicas(common) or 0
     if engine == "sglang":
-        from .checkpoint_names import CheckpointNameError, sglang_model_argv
-
-        try:   # a folder saved by transformers 5: served through an overlay with SGLang's config names
-            rest = sglang_model_argv(rest)
-        except CheckpointNameError as e:
-            pre.error(str(e))
-        from . import cpu_harness
-
-        if cpu_harness.wants_cpu(rest):   # a machine without a GPU: the CPU harness (tiny models, slow)
-            cpu_harness.activate()
-            rest = cpu_harness.cpu_server_args(rest)
-        from . import sglang_plugin
-
-        sglang_plugin.launch_server(rest + ["--host", common.host, "--port", str(common.port)])
-        return 0
+        return serve_sglang(common, rest, pre, why)
+    print(engine_line(engine, why, None), flush=True)
     parser = native_parser()
     ns = parser.parse_args(argv)
+    if ns.model_path is None:
+        print(default_model_line(), flush=True)
     sock = bind_port(ns.host, ns.port, parser) if 1 <= ns.port <= 65535 else None   # else a --port error below
     args = engine_args_from(ns, parser)
     from .native.server import serve

@@ -239,7 +239,8 @@ def write_checkpoint(family: str, out: Path, seed: int = 0, sglang_names: bool =
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sglang_replayssm.cpu_harness.tiny_checkpoints",
-                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("out_dir")
     p.add_argument("--family", choices=FAMILIES + (KIMI, QWEN3_NEXT_MTP, "all"), default="all")
     p.add_argument("--seed", type=int, default=0)

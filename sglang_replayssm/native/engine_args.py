@@ -7,16 +7,25 @@ flag (exit 2); `Engine` runs the same check and refuses to start. Pure Python: n
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from ..flags import ReplaySSMOptions
 
-EMBEDDED_PREFIX = "embedded"   # --model-path of the built-in model: embedded[:mamba2|:gdn]
+EMBEDDED_PREFIX = "embedded"   # --model-path of the built-in random-weight model: embedded[:mamba2|:gdn]
+ASSETS = Path(__file__).resolve().parent / "assets"   # the trained tiny models that ship in the package
+DEFAULT_MODEL = "tiny-gdn-hybrid"                     # what the launcher serves without --model-path
+
+
+def default_model_path() -> str:
+    """The folder of the model the launcher serves without --model-path (a trained model, readable answers)."""
+    return str(ASSETS / DEFAULT_MODEL)
 MAX_DRAFT_TOKENS = 64          # --speculative-num-draft-tokens at most
 
 
 @dataclasses.dataclass
 class EngineArgs:
-    model_path: str | None = None        # None / "embedded" / "embedded:gdn": the built-in model
+    model_path: str | None = None        # None / "embedded" / "embedded:gdn": the built-in model (random weights;
+                                         # the launcher's default is default_model_path(), a trained one)
     device: str = "cpu"
     dtype: str = "auto"                  # auto: float32 on CPU, bfloat16 on CUDA
     max_running_requests: int = 8        # pool slots

@@ -1,7 +1,7 @@
 """The hybrid decoder of the native engine: embeddings, pre-norm residual blocks, LM head.
 
 Weights are a flat dict with canonical names (see `param_shapes`); `loader.py` maps HF checkpoints
-onto them and `random_weights` makes seeded ones (embedded default model, benchmarks). The per-layer
+onto them and `random_weights` makes seeded ones (the built-in `--model-path embedded` model, benchmarks). The per-layer
 maths (norms, projections, gating, MLP, RoPE, LM head) is `blocks.py`'s; this module runs it over the
 pool and the KV cache.
 

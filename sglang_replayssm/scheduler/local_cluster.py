@@ -33,6 +33,7 @@ import socket
 import sys
 import threading
 
+from ..argparsing import Parser
 from . import loopback
 
 HOST = "127.0.0.1"
@@ -43,7 +44,7 @@ SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sglang_replayssm.scheduler.local_cluster",
+    p = Parser(prog="python -m sglang_replayssm.scheduler.local_cluster",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, default=6379, help="the head's GCS port, the --ray-address to join (default 6379)")
     p.add_argument("--workers", type=int, default=2, help="worker nodes (default 2)")

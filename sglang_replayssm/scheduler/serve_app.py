@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any, Sequence
 
+from ..argparsing import Parser
+from ..http_limits import MAX_REQUEST_BYTES, limit_error
 from ..native.browser_guard import LOOPBACK_HOSTS
 from .engine_process import ENGINES
 from .errors import SchedulerError
@@ -132,7 +134,10 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
                         "the least loaded one (and is at its target batch) (default 8)")
     g.add_argument("--route-min-prefix-chars", type=int, default=32,
                    help="shortest cached prefix (characters) worth affinity (default 32)")
-    g.add_argument("--route-spill", choices=SPILLS, default="least_loaded")
+    g.add_argument("--route-spill", choices=SPILLS, default="least_loaded",
+                   help="where a request goes once every replica holds --route-target-batch: least_loaded (the "
+                        "replica with the fewest requests; default) or power_of_two (the less loaded of two "
+                        "replicas picked at random)")
     g.add_argument("--max-retries", type=int, default=3,
                    help="times a request is re-sent after its replica failed (default 3)")
     g.add_argument("--health-check-period", type=float, default=2.0,
@@ -156,12 +161,13 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
 
 def options_from_args(args: Any) -> SchedulerOptions:
     engine_argv = list(getattr(args, "engine_argv", None) or [])
-    # Scheduler flags launch.py did not define arrive inside engine_argv: take them out.
-    p = argparse.ArgumentParser(add_help=False)
+    # Scheduler flags launch.py did not define arrive inside engine_argv: take them out (spelled out in full: an
+    # abbreviation is the engine's to refuse, never taken for a scheduler flag)
+    p = Parser(add_help=False)
     add_scheduler_args(p)
     sched, engine_argv = p.parse_known_args(engine_argv)
     # --api-key (launch.py leaves it in engine_argv): the router's; build_app gives it to the engines again
-    keys = argparse.ArgumentParser(add_help=False)
+    keys = Parser(add_help=False)
     keys.add_argument("--api-key", default=None)
     key_ns, engine_argv = keys.parse_known_args(engine_argv)
 
@@ -214,7 +220,7 @@ def _first_given(*values):
 
 def _engine_slots(engine_argv: Sequence[str]) -> int | None:
     """The engine's --max-running-requests (its pool slots) when the engine arguments give it."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--max-running-requests", type=int, default=None)
     try:
         return p.parse_known_args(list(engine_argv))[0].max_running_requests
@@ -348,6 +354,32 @@ def ray_missing_error(e: ImportError | None = None) -> str | None:
     return f"error: --replicas needs Ray Serve, which is not installed ({why}): pip install 'sglang-replayssm[ray]'"
 
 
+def engine_argv_error(opts: SchedulerOptions) -> str | None:
+    """What is wrong with the replicas' engine flags, found here rather than by every replica's engine failing
+    to start: a flag the engine does not know (spelled out in full: no abbreviations) or, for the native engine,
+    a bad value (that one exits at once, one line). SGLang's flags are checked where SGLang is installed."""
+    import importlib.util
+
+    from ..argparsing import unknown_flags_message
+
+    argv = list(opts.engine_argv)
+    if opts.engine == "native":
+        from ..launch import native_parser
+
+        parser = native_parser()
+        unknown = parser.parse_known_args(argv)[1]
+        add_scheduler_args(parser)   # for "did you mean": a misspelled scheduler flag lands in the engine's flags
+        return unknown_flags_message(unknown, parser.known_flags()) if unknown else None
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    from ..launch import sglang_flag_problems
+
+    error, notes = sglang_flag_problems(argv)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    return error
+
+
 def launch_replicas(args: Any) -> int:
     """Entry point for `python -m sglang_replayssm.launch --replicas N ...`; blocks until SIGINT/SIGTERM.
 
@@ -359,11 +391,12 @@ def launch_replicas(args: Any) -> int:
         return 2
     try:
         opts = options_from_args(args)
+        error = engine_argv_error(opts)
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         if opts.ray_address in (None, "", "local"):   # the Serve proxy will listen on this host
             check_port_free(opts.host, opts.port)
-        connect_ray(opts)
-        check_capacity(opts)
-        from ray import serve
     except SchedulerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """A real native server for the hostile-request tests: `python -m sglang_replayssm.launch` (default
-flags unless given) as a subprocess on 127.0.0.1 and a free port, and a greedy victim stream that
-runs beside the requests under test and must end with exactly its solo output."""
+flags unless given, but the built-in random-weight model, `--model-path embedded`: the fastest to step, and
+what these tests' token counts and timings were chosen for) as a subprocess on 127.0.0.1 and a free port,
+and a greedy victim stream that runs beside the requests under test and must end with exactly its solo
+output."""
 
 import json
 import os
@@ -33,8 +35,9 @@ class LiveServer:
     def __init__(self, *args: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        model = () if "--model-path" in args else ("--model-path", "embedded")
         cmd = [sys.executable, "-m", "sglang_replayssm.launch", "--engine", "native", "--host", "127.0.0.1",
-               "--port", str(self.port), *args]
+               "--port", str(self.port), *model, *args]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         self.log = tempfile.TemporaryFile(mode="w+")   # a file, not a pipe: a chatty server never blocks
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, env=env)

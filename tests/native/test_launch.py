@@ -9,6 +9,7 @@ import pytest
 
 from sglang_replayssm import launch
 from sglang_replayssm.flags import FlagError, ReplaySSMOptions, add_replayssm_args, split_argv
+from sglang_replayssm.native.engine_args import default_model_path
 
 from .live_server import free_port
 
@@ -20,7 +21,8 @@ def parse(argv):
 
 def test_defaults_and_flags():
     a = parse([])
-    assert a.device == "cpu" and a.max_running_requests == 8 and a.model_path is None
+    assert a.device == "cpu" and a.max_running_requests == 8 and a.served_name == "tiny-gdn-hybrid"
+    assert a.model_path == default_model_path() and a.embedded_family is None   # the trained model that ships
     assert a.replayssm == ReplaySSMOptions()
     a = parse(["--replayssm-window", "8", "--replayssm-ckpt-precision", "fp16-sr", "--replayssm-read-copy", "fp8",
                "--no-replayssm-verify", "--speculative-num-draft-tokens", "4", "--max-running-requests", "3",

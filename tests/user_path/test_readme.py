@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sglang_replayssm import launch
+from sglang_replayssm.native.engine_args import DEFAULT_MODEL
 from sglang_replayssm.scheduler.serve_app import options_from_args
 from tests.user_path.readme import README, ROOT, argv, commands, pip_extras, sections
 
@@ -40,6 +41,10 @@ def test_readme_is_short_and_keeps_the_two_setup_commands():
     assert setup[0] == SETUP_RUN
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", "set ", "cd "))]
     assert ci == [setup[1]], (ci, setup[1])
+    # the first command serves the trained model that ships, and says so (test_first_run.py runs it)
+    intro = " ".join(sections()["Set up"].split())
+    assert f"Run the server (by default `{DEFAULT_MODEL}`, a tiny byte-level hybrid model trained on Python's standard " \
+           "library that ships in the package: it answers in Python-like text;" in intro, intro[:300]
 
 
 def test_extras_named_in_readme_exist():
@@ -94,19 +99,38 @@ def test_cpu_lines_are_the_tested_commands(tmp_path):
 
 
 SGLANG_PARSE = r"""
-import argparse, json, sys
+import argparse, contextlib, io, json, sys
+from sglang.cli.main import main as sglang_cli
+lines = json.loads(sys.argv[1])
+
+def sglang(*argv):                  # `sglang ARGV...` -> (stdout, the exception it ended with)
+    sys.argv, out = ["sglang", *argv], io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            sglang_cli()
+    except SystemExit:
+        pass
+    except Exception as e:
+        return out.getvalue(), f"{type(e).__name__}: {e}"
+    return out.getvalue(), None
+
+serve_help = sglang("serve", "--help")[0]   # before any plugin is loaded, as `sglang serve --help` runs
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 load_plugins()                      # our entry point adds the --replayssm-* flags to SGLang's parser
 from sglang_replayssm.flags import ReplaySSMOptions, split_argv
 out = []
-for words in json.loads(sys.argv[1]):
+for words in lines:
     p = argparse.ArgumentParser(exit_on_error=False)
     ServerArgs.add_cli_args(p)
     ns = p.parse_args(words)
     opts = ReplaySSMOptions.parse(split_argv(words)[0])
     out.append([ns.model_path, opts.window, opts.read_copy, bool(getattr(ns, "enable_metrics", False))])
 print("PARSED " + json.dumps(out))
+# `sglang serve` reads our flags (a bad value is refused by name, before any model is looked at)
+serve_error = sglang("serve", "--model-type", "llm", "--model-path", "/nonexistent", "--replayssm-window", "0")[1]
+print("SERVE " + json.dumps({"help_lists_model_path": "--model-path" in serve_help,
+                             "help_lists_ours": "--replayssm-window" in serve_help, "error": serve_error}))
 """
 
 
@@ -126,9 +150,17 @@ def test_sglang_lines_parse_with_sglang_and_the_plugin():
     r = subprocess.run([sys.executable, "-c", SGLANG_PARSE, json.dumps(engine_lines)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    parsed = json.loads(r.stdout.split("PARSED ", 1)[1])
+    parsed = json.loads(r.stdout.split("PARSED ", 1)[1].splitlines()[0])
     gpu = parsed[0]
     assert gpu[0].startswith("/models/") and gpu[1] == 16 and gpu[2] == "auto" and gpu[3] is True, gpu
+    # what README says of `sglang serve`: it serves with our flags, and its --help (SGLang loads plugins only to
+    # serve) does not list them
+    serve = json.loads(r.stdout.split("SERVE ", 1)[1].splitlines()[0])
+    assert serve == {"help_lists_model_path": True, "help_lists_ours": False,
+                     "error": "FlagError: --replayssm-window: must be in 1..1024, got 0"}, serve
+    text = " ".join(README.read_text().split())
+    assert "`sglang serve --model-path ... --replayssm-window 16` works too" in text
+    assert "`sglang serve --help` omits our flags: SGLang loads plugins only to serve" in text
 
 
 def test_readme_links_exist():
