@@ -403,5 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> int:
+    """main(), and a Ctrl-C before the server took over its signals (imports, the model's load) ends quietly."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("sglang-replayssm: stopped", flush=True)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

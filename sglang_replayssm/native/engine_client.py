@@ -16,8 +16,10 @@ import asyncio
 import concurrent.futures
 import multiprocessing as mp
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -25,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from .engine_args import EngineArgs
-from .engine_process import run_engine
+from .engine_process import STOP_SIGNALS, run_engine
 from .messages import (CONTROL, Abort, AddRequest, Fatal, Message, Ready, Shutdown, StepOutput, decode, encode,
                        error_event)
 from .openai_request import BadRequest
@@ -36,6 +38,7 @@ SEND_RETRY_S = 0.005
 TOKENIZE_THREADS = 2    # prompts tokenized at once, beside the event loop
 DRAIN_ANSWER_S = 5.0    # after the drain timeout: how long the aborted requests get to receive their 503
 DRAINING = "the server is shutting down (draining): it accepts no new requests"
+STOP_GRACE_S = 60.0     # how long the engine process serves on after a SIGTERM of its own (engine_process.py)
 
 
 def front_end_tokenizer(args: EngineArgs):
@@ -93,7 +96,7 @@ class EngineClient:
     never block: they are non-blocking and retried until the engine takes them, dies or
     SEND_TIMEOUT_S passes."""
 
-    def __init__(self, args: EngineArgs):
+    def __init__(self, args: EngineArgs, stop_grace_s: float = STOP_GRACE_S):
         self.args = args
         self.tmpdir = tempfile.mkdtemp(prefix="replayssm-zmq-")
         self.req_addr = f"ipc://{self.tmpdir}/requests"
@@ -105,7 +108,8 @@ class EngineClient:
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.bind(self.out_addr)
-        self.proc = mp.get_context("spawn").Process(target=run_engine, args=(args, self.req_addr, self.out_addr),
+        self.proc = mp.get_context("spawn").Process(target=run_engine,
+                                                    args=(args, self.req_addr, self.out_addr, stop_grace_s),
                                                     name="replayssm-engine", daemon=True)
         self.queues: dict[str, asyncio.Queue] = {}
         self.info: dict = {}
@@ -114,6 +118,7 @@ class EngineClient:
         self.draining = False            # SIGTERM: no new requests (drain)
         self.failed: str | None = None   # why the engine did not start, or why it stopped
         self.closing = False
+        self.stopping = False            # a stop signal came while the engine was starting (server.py)
         self.on_engine_exit = None       # called once when the engine process dies while serving
         self._tasks: list[asyncio.Task] = []
         self.tokenizer, self.vocab_size = front_end_tokenizer(args)
@@ -125,7 +130,15 @@ class EngineClient:
             self.threads, _tokenize, self.tokenizer, prompt, self.vocab_size, self.args.max_model_len)
 
     async def start(self, timeout: float = 600.0) -> dict:
-        self.proc.start()
+        # started with SIGINT / SIGTERM ignored, which the new process inherits until its own handlers are in place
+        # (engine_process.handle_stop_signals): a Ctrl-C during its start-up does not end it half-way
+        main = threading.current_thread() is threading.main_thread()
+        saved = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS} if main else {}
+        try:
+            self.proc.start()
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
         deadline = time.monotonic() + timeout
         while True:
             if await self.pull.poll(200):
@@ -265,8 +278,9 @@ class EngineClient:
                 if not self.proc.is_alive():
                     break
                 await asyncio.sleep(0.1)
-            if self.proc.is_alive():
-                self.proc.terminate()
+            if self.proc.is_alive():   # stuck in a step: SIGTERM only sets its stop deadline, so SIGKILL
+                self.proc.kill()
+                self.proc.join(5.0)
         self.push.close(linger=0)
         self.pull.close(linger=0)
         shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -10,11 +10,20 @@ at least twice a second when idle.
 Nothing one request does ends the loop: an unexpected exception while adding a request fails that
 request; `Engine.step` fails only the rows an error touched, and an exception that still escapes a
 step fails the running requests (their state is unknown), never the waiting ones or the loop.
+
+Signals: Ctrl-C in a terminal (SIGINT) and `kill -TERM -PGID` reach the server's whole process group, this
+process included, while stopping is the front end's job (it drains, then sends Shutdown). So this process
+ignores SIGINT, and takes SIGTERM as "stop within `stop_grace_s`" (the front end's drain, plus a margin): it
+goes on serving the requests being drained until Shutdown comes, its front end is gone, or the grace ends.
+The front end starts it with both signals ignored (a disposition the new process inherits), so that none
+ends it before these handlers are in place.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 import traceback
 
@@ -40,7 +49,27 @@ def _add(engine: Engine, msg: AddRequest, events: list) -> None:
         events.append(error_event(msg.rid, engine_error(e), 500))
 
 
-def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def handle_stop_signals(stop_grace_s: float) -> dict:
+    """SIGINT ignored, SIGTERM noted as a stop deadline (`["deadline"]`, monotonic). In the engine process's main
+    thread only: a loop run in a thread (tests) leaves signals to its process."""
+    stop: dict = {"deadline": None}
+    if threading.current_thread() is not threading.main_thread():
+        return stop
+
+    def on_term(signum, frame):
+        if stop["deadline"] is None:
+            stop["deadline"] = time.monotonic() + stop_grace_s
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_term)
+    return stop
+
+
+def run_engine(args: EngineArgs, req_addr: str, out_addr: str, stop_grace_s: float = 60.0) -> None:
+    stop = handle_stop_signals(stop_grace_s)
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)   # never block exit on messages to a front end that is gone
     pull = ctx.socket(zmq.PULL)
@@ -60,6 +89,8 @@ def run_engine(args: EngineArgs, req_addr: str, out_addr: str) -> None:
     last_stats = 0.0
     while True:
         if os.getppid() != parent:   # the front end died without a shutdown message
+            return
+        if stop["deadline"] is not None and time.monotonic() > stop["deadline"]:   # SIGTERM, and no Shutdown came
             return
         events: list[dict] = []
         aborted = False

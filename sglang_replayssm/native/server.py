@@ -22,7 +22,11 @@ before it reaches the engine. Prompts are tokenized by the front end in worker t
 (`EngineClient.encode`), never in the engine loop. A non-streaming request whose client disconnects
 is aborted in the engine at once (streams already were). SIGTERM drains (`DrainingServer`): new
 requests get a 503 and /health a 503 "draining"; running requests get `--drain-timeout` seconds to
-finish, then a 503 (streams: an SSE error event, then `data: [DONE]`); then the server exits 0.
+finish, then a 503 (streams: an SSE error event, then `data: [DONE]`); then the server prints
+`sglang-replayssm: stopped` and exits 0. SIGINT (Ctrl-C) does the same. Both also reach the engine process
+when sent to the process group (a terminal's Ctrl-C, `kill -TERM -PGID`): it ignores SIGINT and serves on
+through the drain after a SIGTERM (engine_process.py), so the stop is clean either way. A signal while the
+engine is still starting stops it at once.
 
 Request parsing lives in `openai_request.py`, the engine process's client in `engine_client.py`.
 """
@@ -46,7 +50,7 @@ from ..json_checks import field_of, find_invalid
 from .auth import ApiKeyMiddleware
 from .browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
 from .engine_args import EngineArgs
-from .engine_client import DRAINING, EngineClient
+from .engine_client import DRAIN_ANSWER_S, DRAINING, EngineClient
 from .metrics import ServerMetrics
 from .openai_request import (BadRequest, check_model, engine_error, error_response, parse_messages, parse_prompt,
                              parse_sampling, parse_stream)
@@ -112,6 +116,10 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
         try:
             info = await client.start()
         except RuntimeError as e:
+            if client.stopping:   # stopped (SIGINT / SIGTERM) while the engine started: not a failure
+                await client.close()
+                yield
+                return
             client.failed = str(e)
             print(f"sglang-replayssm: error: the engine failed to start: {e}", file=sys.stderr, flush=True)
             await client.close()
@@ -301,6 +309,11 @@ class DrainingServer(uvicorn.Server):
         self._drain_task: asyncio.Task | None = None
 
     def handle_exit(self, sig, frame) -> None:   # a signal handler: runs between the loop's callbacks
+        if not self.client.ready and not self.client.stopping and self.client.proc.is_alive():
+            # still starting (the engine ignores these signals, engine_process.py): stop it now, not after its
+            # start-up; its model is all it holds
+            self.client.stopping = True
+            self.client.proc.kill()
         if self.client.draining or not self.client.ready or self._loop is None:
             self.force_exit = self.client.draining   # a second signal while draining: stop now
             self.should_exit = True
@@ -330,7 +343,8 @@ def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_leve
     once, not after the model has loaded)."""
     import uvicorn
 
-    client = EngineClient(args)
+    # the engine serves on after a SIGTERM to the process group for as long as the drain may take (engine_process.py)
+    client = EngineClient(args, stop_grace_s=drain_timeout + DRAIN_ANSWER_S + 10.0)
     url = f"http://{host}:{port}"
     banner = BANNER.replace("{url}", url)
     app = create_app(client, banner, api_key, max_request_bytes, stats_interval,
@@ -342,3 +356,4 @@ def serve(args: EngineArgs, host: str = "127.0.0.1", port: int = 30000, log_leve
     server.run(sockets=[sock] if sock is not None else None)
     if client.failed:
         sys.exit(1)
+    print("sglang-replayssm: stopped", flush=True)

@@ -1,8 +1,9 @@
 """The native server's console lines: the capacity line at start and the periodic stats line (like
 SGLang's decode-batch log), from the engine's info and the stats it sends with every step.
 
-`capacity_line(info)`: slots, SSM-state bytes per sequence (the pool's own tensors, pool.bytes_per_slot)
-next to what the snapshot-per-draft scheme needs (ReplayStatePool.capacity), the KV cache, the warm-up.
+`capacity_line(info)`: slots, SSM-state bytes per sequence here (the pool's own tensors, pool.bytes_per_slot)
+next to what a conventional engine holds, its state plus a snapshot per draft token (ReplayStatePool.capacity),
+and which needs more; the KV cache, the warm-up.
 `stats_line(prev, cur, dt)`: running / waiting requests, slot use, prompt and generation tokens/s
 over the last interval, speculative acceptance. `log_stats` prints one every `interval` seconds while
 the engine did anything in it (0: never)."""
@@ -22,14 +23,25 @@ def _size(n: float) -> str:
 
 
 def capacity_line(info: dict) -> str:
+    """Slots, then the SSM state one sequence holds here next to what a conventional engine holds for it (its
+    state, plus one state snapshot per draft token when drafts are verified), said plainly: which is which, and
+    which needs more memory (ReplaySSM trades memory for bandwidth: its record ring costs memory, the snapshots
+    it saves are drafts', so without drafts it holds more)."""
     ours, snap, slots = info["state_bytes_per_sequence"], info["snapshot_state_bytes_per_sequence"], info["slots"]
-    scheme = ("conventional (full state rewritten each token)" if info["mode"] == "conventional"
-              else f"ReplaySSM (window {info['window']}, checkpoint {info['ckpt_precision']}, read copy "
-                   f"{info['read_copy']})")
-    return (f"sglang-replayssm capacity: {slots} slots x {_size(ours)} SSM state per sequence, {scheme}; "
-            f"the snapshot-per-draft scheme needs {_size(snap)} per sequence ({ours / snap:.2f}x); "
-            f"KV cache {_size(info['kv_cache_bytes'])}; {info['prefix_cache_entries']} prefix-cache entries; "
-            f"warm-up {info.get('warmup_s', 0.0):.2f} s")
+    drafts = info.get("speculative_num_draft_tokens", 0)
+    conventional = (f"a conventional engine holds {_size(snap)} (its state"
+                    + (f" + a snapshot per draft token, {drafts} drafts)" if drafts else ", no drafts)"))
+    if info["mode"] == "conventional":
+        state = f"SSM state per sequence: {_size(ours)} (conventional: the full state, rewritten each token)"
+    else:
+        scheme = (f"ReplaySSM: checkpoint {info['ckpt_precision']} + ring of {info['window']} records"
+                  + (f" + {drafts} drafts" if drafts else "") + f", read copy {info['read_copy']}")
+        ratio = ours / snap
+        verdict = (f"ReplaySSM needs {ratio:.2f}x the memory" if ratio >= 1
+                   else f"ReplaySSM needs {1 - ratio:.0%} less memory")
+        state = f"SSM state per sequence: {_size(ours)} here ({scheme}), {conventional}: {verdict}"
+    return (f"sglang-replayssm capacity: {slots} slots; {state}; KV cache {_size(info['kv_cache_bytes'])}; "
+            f"{info['prefix_cache_entries']} prefix-cache entries; warm-up {info.get('warmup_s', 0.0):.2f} s")
 
 
 def stats_line(prev: dict, cur: dict, dt: float) -> str:

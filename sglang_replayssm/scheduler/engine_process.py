@@ -50,8 +50,14 @@ def engine_command(engine: str, port: int, engine_argv: Sequence[str], host: str
     for flag in ("--host", "--port", "--engine", "--replicas", "--ray-address"):
         if any(a == flag or a.startswith(flag + "=") for a in engine_argv):
             raise ValueError(f"engine arguments must not contain {flag} (the replica sets it)")
+    extra = []
+    if engine == "native" and not any(a == "--drain-timeout" or a.startswith("--drain-timeout=") for a in engine_argv):
+        # the guard stops the engine when its replica goes (SIGTERM): its streams then end at once with a 503, which
+        # the router resumes on another replica, instead of draining through a replica that is going away (Serve
+        # itself lets a replica it stops finish its requests first, graceful_shutdown_timeout_s)
+        extra = ["--drain-timeout", "0"]
     return [sys.executable, "-m", "sglang_replayssm.launch", "--engine", engine,
-            "--host", host, "--port", str(port), *engine_argv]
+            "--host", host, "--port", str(port), *engine_argv, *extra]
 
 
 class EngineProcess:
