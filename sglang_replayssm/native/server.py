@@ -16,9 +16,10 @@ Infinity or a lone surrogate anywhere, a field of the wrong type or range) is a 
 starts with the field and whose `error.param` names it. When the engine process dies, the pending
 requests get a 503 and the server exits with status 1 (see `EngineClient`).
 
-Limits: a body larger than `--max-request-bytes` is a 413 (from Content-Length, or while a chunked
-body is read: it is never read past the limit); a prompt of the context length or more is a 400
-before it reaches the engine. Prompts are tokenized by the front end in worker threads
+Limits: a body larger than `--max-request-bytes` is a 413 naming the limit (from Content-Length, or
+while a chunked body is read: nothing past the limit is kept; the rest is read and dropped, up to
+http_limits.DISCARD_BYTES / DISCARD_S, so that the client, still sending, gets the answer rather than a
+reset connection); a prompt of the context length or more is a 400 before it reaches the engine. Prompts are tokenized by the front end in worker threads
 (`EngineClient.encode`), never in the engine loop. A non-streaming request whose client disconnects
 is aborted in the engine at once (streams already were). SIGTERM drains (`DrainingServer`): new
 requests get a 503 and /health a 503 "draining"; running requests get `--drain-timeout` seconds to
@@ -46,6 +47,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..http_limits import MAX_REQUEST_BYTES, read_limited, too_large_message
 from ..json_checks import field_of, find_invalid
 from .auth import ApiKeyMiddleware
 from .browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
@@ -58,7 +60,6 @@ from .openai_response import Choices
 from .sglang_api import add_sglang_routes
 from .stats_log import capacity_line, log_stats
 
-MAX_REQUEST_BYTES = 8 << 20   # --max-request-bytes default: 8 MiB (a prompt of millions of characters)
 DRAIN_TIMEOUT_S = 30.0        # --drain-timeout default
 
 
@@ -139,26 +140,19 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(BrowserGuardMiddleware, loopback=loopback)   # outermost: before the key check
 
-    too_large = (f"request body: larger than this server's limit of {max_request_bytes} bytes "
-                 "(--max-request-bytes)")
+    too_large = too_large_message(max_request_bytes)
 
     async def read_json(request: Request) -> dict:
-        """The body, never read past --max-request-bytes (413), parsed in a worker thread."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_request_bytes:
+        """The body, never kept past --max-request-bytes (413), parsed in a worker thread."""
+        body = await read_limited(request, max_request_bytes)
+        if body is None:
             raise BadRequest(too_large, status=413)
-        chunks, size = [], 0
-        async for chunk in request.stream():   # a chunked body has no Content-Length: count it
-            size += len(chunk)
-            if size > max_request_bytes:
-                raise BadRequest(too_large, status=413)
-            chunks.append(chunk)
-        return await asyncio.get_running_loop().run_in_executor(client.threads, _parse_body, b"".join(chunks))
+        return await asyncio.get_running_loop().run_in_executor(client.threads, _parse_body, body)
 
     @app.exception_handler(BadRequest)
     async def _bad(request, exc: BadRequest):
         response = error_response(exc.message, exc.status, exc.param)
-        if exc.status == 413:   # the rest of the body is not read: the connection cannot be reused
+        if exc.status == 413:   # the body may not have been read to its end: the connection cannot be reused
             response.headers["connection"] = "close"
         return response
 

@@ -17,8 +17,9 @@ failure handling:
   `error` event otherwise).
 
 A bad request is that request's error, never a replica failure: the router answers what it can
-check itself (a body that is not a JSON object, NaN / Infinity or a lone surrogate anywhere, the
-type of the fields it reads) with a 400 naming the field; what an engine's error answer or a failed
+check itself (a body over --max-request-bytes: a 413 naming the limit, before any replica sees it;
+a body that is not a JSON object, NaN / Infinity or a lone surrogate anywhere, the type of the fields
+it reads) with a 4xx naming the field; what an engine's error answer or a failed
 attempt means (this request's final error, or a replica failure retried elsewhere) is failures.py.
 """
 
@@ -36,6 +37,7 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
 from ..http_errors import error_json
+from ..http_limits import MAX_REQUEST_BYTES, read_limited, too_large_message
 from ..json_checks import field_of, find_invalid
 from ..native.auth import UNAUTHORIZED_BODY, authorized
 from ..native.browser_guard import problem
@@ -95,8 +97,9 @@ def _delta_text(kind: str, chunk: dict[str, Any]) -> tuple[str, str | None]:
 @serve.ingress(app)
 class RouterIngress:
     def __init__(self, engine_handle, policy: dict[str, Any] | None = None, max_retries: int = 3,
-                 api_key: str | None = None, loopback: bool = True):
+                 api_key: str | None = None, loopback: bool = True, max_request_bytes: int = MAX_REQUEST_BYTES):
         self.loopback = loopback   # bound to loopback: refuse Host names that are not (browser_guard.py)
+        self.max_request_bytes = max_request_bytes
         _state.STATE.configure(PolicyConfig(**(policy or {})))
         self.engine = engine_handle.options(stream=True)
         self.engine_unary = engine_handle.options(stream=False)
@@ -154,8 +157,11 @@ class RouterIngress:
         denied = self._refused(request, endpoint)
         if denied is not None:
             return denied
+        raw = await read_limited(request, self.max_request_bytes)   # before any replica sees it
+        if raw is None:
+            return self._client_error(endpoint, 413, too_large_message(self.max_request_bytes, "the router's"))
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except (ValueError, RecursionError):   # bad JSON or UTF-8, a >4300-digit integer, nesting
             return self._client_error(endpoint, 400, "request body is not valid JSON")
         err = self._validate(kind, body)

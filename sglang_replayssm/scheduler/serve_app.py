@@ -31,6 +31,9 @@ APP_NAME = "replayssm"
 ENGINE_DEPLOYMENT = "ReplaySSMEngine"
 ROUTER_DEPLOYMENT = "ReplaySSMRouter"
 ROUTER_CLASS = "sglang_replayssm.scheduler.request_router:ReplaySSMRouter"
+# a native engine's own --max-request-bytes: the router's limit plus room for what the replica adds to a body
+# (stream options, and on a resumed attempt the token ids already delivered)
+ENGINE_BODY_HEADROOM = 1 << 20
 HEAD_NODE_RESOURCE = "node:__internal_head__"   # the head node's resource (ray._common.constants.HEAD_NODE_RESOURCE_NAME)
 
 
@@ -63,6 +66,8 @@ class SchedulerOptions:
     request_router_class: str = ROUTER_CLASS
     # --api-key: the router's /v1 routes need `Authorization: Bearer <key>`; every engine gets --api-key too
     api_key: str | None = dataclasses.field(default=None, repr=False)
+    # --max-request-bytes: larger bodies are the router's 413; native engines get this plus ENGINE_BODY_HEADROOM
+    max_request_bytes: int = MAX_REQUEST_BYTES
 
     def validate(self) -> "SchedulerOptions":
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
@@ -92,6 +97,9 @@ class SchedulerOptions:
                 raise SchedulerError("--autoscale-delays", f"UP:DOWN must be seconds >= 0, got {self.autoscale_delays}")
         if self.max_retries < 0:
             raise SchedulerError("--max-retries", f"must be >= 0, got {self.max_retries}")
+        why = limit_error(self.max_request_bytes)
+        if why:
+            raise SchedulerError("--max-request-bytes", why)
         from ..native.auth import check_key   # standard library only
 
         why = check_key(self.api_key) if self.api_key is None or isinstance(self.api_key, str) else "must be a string"
@@ -152,6 +160,11 @@ def add_scheduler_args(parser: argparse.ArgumentParser, include_common: bool = F
     g.add_argument("--autoscale-delays", default="10:60", metavar="UP:DOWN",
                    help="with --autoscale: seconds the load must stay above / below the target before a replica "
                         "is added / removed (default 10:60)")
+    if "--max-request-bytes" not in parser._option_string_actions:   # launch.py's help has the engine's
+        g.add_argument("--max-request-bytes", type=int, default=None,
+                       help=f"largest request body the router accepts (larger: a 413 naming the limit, before any "
+                            f"replica sees it); native engines get it plus {ENGINE_BODY_HEADROOM} bytes for what the "
+                            f"router adds (default {MAX_REQUEST_BYTES}, 8 MiB)")
     g.add_argument("--ray-connect-timeout", type=float, default=30.0,
                    help="seconds joining the --ray-address cluster may take before it is an error (default 30)")
     g.add_argument("--ray-metrics-port", type=int, default=None,
@@ -198,6 +211,7 @@ def options_from_args(args: Any) -> SchedulerOptions:
         autoscale_target=_first_given(pick("autoscale_target"), _engine_slots(engine_argv), pol.target_batch),
         autoscale_delays=_pair(pick("autoscale_delays", "10:60"), float, "--autoscale-delays", "UP:DOWN"),
         api_key=key_ns.api_key if getattr(args, "api_key", None) is None else args.api_key,
+        max_request_bytes=pick("max_request_bytes", MAX_REQUEST_BYTES),
     ).validate()
 
 
@@ -253,6 +267,8 @@ def build_app(opts: SchedulerOptions):
     engine_argv = list(opts.engine_argv)
     if opts.api_key is not None:   # the engines get the router's key too
         engine_argv += ["--api-key", opts.api_key]
+    if opts.engine == "native" and not any(a.split("=", 1)[0] == "--max-request-bytes" for a in engine_argv):
+        engine_argv += ["--max-request-bytes", str(opts.max_request_bytes + ENGINE_BODY_HEADROOM)]
     replica_cls = EngineReplica
     if api_key_from_argv(engine_argv) is not None:   # and their replicas send it (auth.py)
         from .auth import KeyedEngineReplica
@@ -282,7 +298,7 @@ def build_app(opts: SchedulerOptions):
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=opts.router_max_ongoing,
         ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}},
     ).bind(engine, dataclasses.asdict(opts.policy), opts.max_retries, opts.api_key,
-            opts.host in LOOPBACK_HOSTS)
+            opts.host in LOOPBACK_HOSTS, opts.max_request_bytes)
     return router
 
 

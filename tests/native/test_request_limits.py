@@ -2,12 +2,14 @@
 
 * a non-streaming request whose client disconnects frees its engine slot at once (as streams do);
 * a body over --max-request-bytes (8 MiB by default) is a 413 naming the limit, whether it declares
-  its size (Content-Length) or not (chunked), and the engine never sees it (its RSS does not move);
+  its size (Content-Length) or not (chunked), and the engine never sees it (its RSS does not move); a
+  client still sending gets that answer too, not a reset connection (issue 48);
 * a large prompt within the limit is tokenized off the engine loop and off the event loop: a victim
   stream beside it keeps streaming (its longest pause between two chunks stays short).
 
 Raw sockets where the test needs control of the connection (closing it, a chunked body)."""
 
+import asyncio
 import concurrent.futures as cf
 import json
 import socket
@@ -101,6 +103,25 @@ def test_a_chunked_body_over_the_limit_is_413_and_never_reaches_the_engine(serve
     assert "--max-request-bytes" in body["error"]["message"]
     time.sleep(0.5)
     assert engine_rss_mb(server) - rss < RSS_JUMP_MB, (rss, engine_rss_mb(server))
+    assert server.healthy()
+
+
+def test_an_async_client_sending_a_large_body_gets_the_413_not_a_reset(server):
+    """Issue 48: httpx's async client (the OpenAI SDK's transport, and the Ray replicas') sending a 64 MiB body got
+    a reset connection (ReadError), no answer: the server answered while the body still came and closed the
+    connection on unread data. The rest is now read and dropped first (http_limits.py), never kept."""
+    rss = engine_rss_mb(server)
+    body = b'{"max_tokens": 1, "prompt": "' + b"x" * (64 << 20) + b'"}'
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as c:
+            return [await c.post(server.url + "/v1/completions", content=body,
+                                 headers={"content-type": "application/json"}) for _ in range(2)]
+
+    for r in asyncio.run(main()):
+        assert r.status_code == 413, r.text
+        assert f"limit of {LIMIT} bytes (--max-request-bytes)" in r.json()["error"]["message"]
+    assert engine_rss_mb(server) - rss < RSS_JUMP_MB
     assert server.healthy()
 
 

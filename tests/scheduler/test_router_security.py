@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from sglang_replayssm.scheduler.prefix_tree import PrefixTree, block_hashes
-from sglang_replayssm.scheduler.serve_app import SchedulerError, build_app, options_from_args
+from sglang_replayssm.http_limits import MAX_REQUEST_BYTES
+from sglang_replayssm.scheduler.serve_app import ENGINE_BODY_HEADROOM, SchedulerError, build_app, options_from_args
 
 from .client import complete
 
@@ -35,7 +36,10 @@ def test_api_key_flag_reaches_the_router_and_every_engine():
     router = build_app(o)._bound_deployment
     engine = router._replica_config.init_args[0]._bound_deployment
     assert router._replica_config.init_args[3] == KEY
-    assert engine._replica_config.init_args[1] == ["--device", "cpu", "--api-key", KEY]
+    # the engines get the key, and a body limit of the router's plus room for what the router adds (issue 48)
+    assert router._replica_config.init_args[5] == MAX_REQUEST_BYTES
+    assert engine._replica_config.init_args[1] == ["--device", "cpu", "--api-key", KEY, "--max-request-bytes",
+                                                   str(MAX_REQUEST_BYTES + ENGINE_BODY_HEADROOM)]
     assert engine.func_or_class.__name__ == "KeyedEngineReplica"
     plain = build_app(options_from_args(_ns()))._bound_deployment
     assert plain._replica_config.init_args[3] is None
