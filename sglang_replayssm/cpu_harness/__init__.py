@@ -30,7 +30,9 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 CPU_DEFAULTS: dict[str, str | None] = {
     "--attention-backend": "torch_native",
     "--sampling-backend": "pytorch",
-    "--disable-cuda-graph": None,
+    # no CUDA graphs (SGLang 0.5.23's spelling: --disable-cuda-graph still works but logs a deprecation warning)
+    "--cuda-graph-backend-decode": "disabled",
+    "--cuda-graph-backend-prefill": "disabled",
     "--mamba-radix-cache-strategy": "no_buffer",
     "--disable-overlap-schedule": None,
     # the pools are sized by the caps below; on a CPU SGLang takes the machine's free memory, before and after the

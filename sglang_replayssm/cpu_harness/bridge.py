@@ -29,6 +29,14 @@
    the CPU platform).
 6. Test instrumentation: with ``SGLANG_REPLAYSSM_CPU_LOG_TREES=1`` every verify the plugin's pool opens with a draft
    tree prints a ``cpu-harness: tree verify`` line.
+7. What is expected on this harness is not logged (``quiet_expected_noise``): SGLang imports every model module at
+   start and logs ``Ignore import error when loading sglang.srt.models.<m>: '_OpNamespace' 'sgl_kernel' object has
+   no attribute '<op>_cpu'`` for each module that binds an op of SGLang's CPU kernel build at import (11 in 0.5.23:
+   grok, qwen3_5, minicpmv, ...; the stand-in has only the ops the harness's models run); such a model is then
+   not served here (`Model architectures [...] are not supported`). Import errors of any other kind are still
+   logged. Also dropped: SGLang's and Triton's warnings that AWQ / GGUF quantization and Triton kernels (which run
+   under the interpreter) need a GPU, and Triton's deprecation of ``tl.make_block_ptr`` (SGLang's FLA kernels use
+   it).
 """
 
 from __future__ import annotations
@@ -37,9 +45,12 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import logging
 import os
+import re
 import sys
 import types
+import warnings
 
 _installed = False
 
@@ -378,11 +389,37 @@ def install_after_import_patches(patches: dict) -> None:
         sys.meta_path.insert(0, _AfterImportFinder(patches))
 
 
+# `Ignore import error when loading sglang.srt.models.grok: '_OpNamespace' 'sgl_kernel' object has no attribute
+# 'fused_moe_router_cpu'`: a model module binding a CPU-kernel-build op at import (item 7 above)
+_MISSING_CPU_OP = re.compile(r"^Ignore import error when loading \S+: '_OpNamespace' 'sgl_kernel' object has no "
+                             r"attribute '\w+_cpu'$")
+_IMPORT_ERROR_LOGGERS = ("sglang.srt.models.registry", "sglang.srt.managers.multimodal_processor")
+# warnings (message regexes) that only say this is not a GPU
+_CPU_WARNINGS = (r"Only CUDA, .* support (AWQ|GGUF)", r"Triton is not supported on current platform, roll back to CPU",
+                 r"tl\.make_block_ptr is deprecated")
+
+
+class _QuietMissingCPUOps(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _MISSING_CPU_OP.match(record.getMessage())
+
+
+def quiet_expected_noise() -> None:
+    """Item 7 of the module docstring: logger filters and warning filters, in this process."""
+    for name in _IMPORT_ERROR_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietMissingCPUOps) for f in logger.filters):
+            logger.addFilter(_QuietMissingCPUOps())
+    for message in _CPU_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+
+
 def install() -> None:
     global _installed
     if _installed:
         return
     _installed = True
+    quiet_expected_noise()
     install_sgl_kernel_stand_in()
     _patch_torch_device_module()
     from . import cpu_ops, spec_ops

@@ -98,6 +98,22 @@ def test_cpu_lines_are_the_tested_commands(tmp_path):
     assert ns.device == "cpu"
 
 
+def test_cpu_harness_line_is_the_quiet_metrics_server_ci_starts():
+    """README's CPU-harness command is tests/sglang_server's `m2-L4` configuration, which CI starts and whose
+    /metrics and quiet log test_mamba2_server.py checks (issue 48: it had no --enable-metrics, /metrics was a 404)."""
+    pytest.importorskip("sglang")
+    from tests.sglang_server.conftest import CONFIGS
+
+    words = [w for w in launch_lines("Using it") if w[w.index("--engine") + 1:][:1] == ["sglang"]]
+    assert len(words) == 1, words
+    words = words[0]
+    assert "--enable-metrics" in words
+    family = Path(words[words.index("--model-path") + 1]).name
+    rest = [w for i, w in enumerate(words) if w not in ("--engine", "--device", "--model-path")
+            and (i == 0 or words[i - 1] not in ("--engine", "--device", "--model-path"))]
+    assert CONFIGS["m2-L4"][:3] == (family, True, rest), (CONFIGS["m2-L4"], family, rest)
+
+
 SGLANG_PARSE = r"""
 import argparse, contextlib, io, json, sys
 from sglang.cli.main import main as sglang_cli
