@@ -26,6 +26,7 @@ in single-machine mode. On real machines use `ray start` (docs/scheduler.md, "Mu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -51,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-cpus", type=float, default=2, help="CPUs each worker node offers to replicas (default 2)")
     p.add_argument("--dashboard-port", type=int, default=0,
                    help="serve Ray's dashboard on 127.0.0.1:PORT (default 0: no dashboard, ~0.9 GB less memory)")
-    p.add_argument("--temp-dir", default=None, help="Ray's temp folder (default: Ray's, /tmp/ray)")
+    p.add_argument("--temp-dir", default=None,
+                   help="Ray's temp folder (default: Ray's, /tmp/ray); the cluster's address file goes there too")
     return p
 
 
@@ -77,6 +79,26 @@ def check_args(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"--worker-cpus: must be >= 0, got {ns.worker_cpus}")
 
 
+@contextlib.contextmanager
+def address_file_in(temp_dir: str):
+    """Ray's Cluster writes the head's address to `ray_current_cluster` in Ray's *default* temp folder
+    (`$RAY_TMPDIR/ray`, else /tmp/ray), which need not exist when --temp-dir points elsewhere (it then failed with
+    FileNotFoundError). Within this block it goes to `temp_dir/ray_current_cluster`, where `ray start --temp-dir`
+    writes it too: nothing is written outside the folder the user chose."""
+    import ray._private.utils as ray_utils
+
+    write = ray_utils.write_ray_address
+
+    def write_here(address, temp_dir_arg=None):
+        write(address, temp_dir_arg or temp_dir)
+
+    ray_utils.write_ray_address = write_here
+    try:
+        yield
+    finally:
+        ray_utils.write_ray_address = write
+
+
 def start(ns: argparse.Namespace):
     """The running Cluster and its nodes: (name, ray._private.node.Node, resources offered) each, the head first."""
     loopback.enable()   # before ray is imported: every node keeps 127.0.0.1
@@ -87,10 +109,13 @@ def start(ns: argparse.Namespace):
                  "include_dashboard": bool(ns.dashboard_port), "_system_config": SYSTEM_CONFIG}
     if ns.dashboard_port:
         head_args |= {"dashboard_host": HOST, "dashboard_port": ns.dashboard_port}
-    if ns.temp_dir:
+    if not ns.temp_dir:
+        cluster = Cluster(initialize_head=True, head_node_args=head_args)
+    else:
         os.makedirs(ns.temp_dir, exist_ok=True)
         head_args["temp_dir"] = ns.temp_dir
-    cluster = Cluster(initialize_head=True, head_node_args=head_args)
+        with address_file_in(ns.temp_dir):
+            cluster = Cluster(initialize_head=True, head_node_args=head_args)
     nodes = [("head", cluster.head_node, {"CPU": 0})]
     for i in range(1, ns.workers + 1):
         name = f"worker-{i}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -335,6 +336,16 @@ def app_builder(args: dict[str, Any]):
     return build_app(opts)
 
 
+class _ServeReconnectNote(logging.Filter):
+    """Drops Serve's `Connecting to existing Serve app ... New http_options/controller_options will not be
+    applied.`, which `serve.run` logs every time: it reconnects to the Serve instance that `start` has just
+    started with our options (`serve.start`'s own line, for a Serve instance already on a joined cluster, is kept:
+    there the options are indeed not applied, and Serve warns which differ)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Connecting to existing Serve app")
+
+
 def start(opts: SchedulerOptions, blocking_timeout_s: float = 900.0) -> str:
     """Deploy the application on the connected Ray cluster; returns the router URL."""
     from ray import serve
@@ -342,7 +353,13 @@ def start(opts: SchedulerOptions, blocking_timeout_s: float = 900.0) -> str:
     opts.validate()
     check_capacity(opts)
     serve.start(http_options={"host": opts.host, "port": opts.port}, proxy_location="HeadOnly")
-    serve.run(build_app(opts), name=APP_NAME, route_prefix="/", blocking=False)
+    quiet = _ServeReconnectNote()
+    serve_logger = logging.getLogger("ray.serve")
+    serve_logger.addFilter(quiet)
+    try:
+        serve.run(build_app(opts), name=APP_NAME, route_prefix="/", blocking=False)
+    finally:
+        serve_logger.removeFilter(quiet)
     deadline = time.monotonic() + blocking_timeout_s
     while True:
         st = serve.status().applications.get(APP_NAME)
@@ -356,6 +373,64 @@ def start(opts: SchedulerOptions, blocking_timeout_s: float = 900.0) -> str:
         time.sleep(0.5)
     host = "127.0.0.1" if opts.host in ("0.0.0.0", "::") else opts.host
     return f"http://{host}:{opts.port}"
+
+
+def _local_cluster_signalled(wait_s: float) -> bool:
+    """True when this process started the Ray cluster and one of Ray's own processes on it has exited, or exits
+    within `wait_s`: a SIGTERM to the launcher's whole process group reaches them too (they block only SIGINT),
+    and a cluster losing its dashboard and agents is in no state to stop Serve gracefully."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node   # the node this driver started, None when it joined one
+        procs = [p for ps in node.all_processes.values() for p in ps] if node is not None and node.head else []
+        if not procs:
+            return False
+        deadline = time.monotonic() + wait_s
+        while all(p.process.poll() is None for p in procs):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+    except Exception:   # noqa: BLE001 - Ray internals of another version: assume it is there
+        return False
+
+
+def shutdown_serve(timeout_s: float = 60.0) -> None:
+    """`serve.shutdown()`, without the line Ray prints on every run of it: `Task ServeController.graceful_shutdown
+    failed. There are infinite retries remaining ... killed by ray.kill`. Serve's shutdown calls the controller's
+    `graceful_shutdown` and waits on it while the controller stops every replica and proxy and then kills
+    itself, so that call always ends with the controller killed under it, which Ray reports. Here the call
+    returns at once (`wait=False`, the same steps in the controller) and the controller's exit is awaited by
+    name; Serve's own shutdown is the fallback."""
+    import ray
+    from ray import serve
+
+    try:
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+        from ray.serve.context import _set_global_client
+    except ImportError:   # Serve internals of another version
+        serve.shutdown()
+        return
+    try:
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:   # Serve is not running: nothing to stop
+        _set_global_client(None)
+        return
+    try:
+        ray.get(controller.graceful_shutdown.remote(False), timeout=10)
+        del controller
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+            except ValueError:   # gone: every replica and proxy stopped first
+                _set_global_client(None)
+                return
+            time.sleep(0.2)
+    except Exception as e:   # noqa: BLE001 - a controller that went away under the call, a timeout
+        logging.getLogger(__name__).debug("shutdown_serve: falling back to serve.shutdown (%s)", e)
+    serve.shutdown()
 
 
 def ray_missing_error(e: ImportError | None = None) -> str | None:
@@ -416,25 +491,70 @@ def launch_replicas(args: Any) -> int:
     except SchedulerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except ImportError as e:   # ray without its [serve] extra
-        print(ray_missing_error(e), file=sys.stderr)
-        return 2
+    # Ctrl-C (SIGINT, to the whole process group in a terminal: Ray's own processes block it) or SIGTERM: stop
+    # Serve and, if this command started it, Ray; while still starting, that start is abandoned at once
+    stop, started = threading.Event(), threading.Event()
+    signals: list[int] = []
 
-    url = start(opts)
-    scaling = "" if opts.autoscale is None else f" (autoscaling {opts.autoscale[0]}..{opts.autoscale[1]})"
-    print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s){scaling} behind the router at {url} "
-          f"(OpenAI API under /v1, metrics at /metrics)", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    serve.shutdown()
+    def on_signal(signum, frame):
+        signals.append(signum)
+        stop.set()
+        if not started.is_set():
+            raise _Stopped()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            connect_ray(opts)
+            for sig in previous:   # ray.init installs its own SIGTERM handler (a stack dump, then abort)
+                signal.signal(sig, on_signal)
+            check_capacity(opts)
+            from ray import serve  # noqa: F401 - ray without its [serve] extra fails here
+        except SchedulerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except ImportError as e:   # ray without its [serve] extra
+            print(ray_missing_error(e), file=sys.stderr)
+            return 2
+        url = start(opts)
+        started.set()
+        scaling = "" if opts.autoscale is None else f" (autoscaling {opts.autoscale[0]}..{opts.autoscale[1]})"
+        print(f"sglang-replayssm: {opts.replicas} {opts.engine} replica(s){scaling} behind the router at {url} "
+              f"(OpenAI API under /v1, metrics at /metrics)", flush=True)
+        while not stop.wait(0.5):   # (a timed wait: a signal may land on one of Ray's threads)
+            pass
+    except _Stopped:
+        started.set()   # a second signal now only sets `stop`
+    finally:
+        started.set()
+        _stop_serving(signal.SIGTERM in signals)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("sglang-replayssm: stopped", flush=True)
     return 0
+
+
+class _Stopped(Exception):
+    """A stop signal while the launcher was still starting."""
+
+
+def _stop_serving(sigterm: bool) -> None:
+    """Serve's shutdown (quiet, `shutdown_serve`) and Ray's, whatever state a start was left in. After a SIGTERM
+    the Ray cluster this command started may be going down with it (a SIGTERM to the process group): then Serve
+    is not asked (it could not answer), and `ray.shutdown` ends what is left of the cluster, the replicas and
+    (through their guards) the engines with it."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    if not _local_cluster_signalled(wait_s=1.0 if sigterm else 0.0):
+        shutdown_serve()
+    ray.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry (`python -m sglang_replayssm.scheduler`): same flags as launch.py --replicas."""
-    p = argparse.ArgumentParser(prog="python -m sglang_replayssm.scheduler")
+    p = Parser(prog="python -m sglang_replayssm.scheduler")
     add_scheduler_args(p, include_common=True)
     args, rest = p.parse_known_args(argv)
     args.engine_argv = rest

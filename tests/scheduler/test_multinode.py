@@ -3,8 +3,9 @@ the launcher joining it with `--replicas 2 --autoscale 2:3 ... --ray-address 127
 started with the quick start's commands of docs/scheduler.md, verbatim (multinode_cluster.py). In file
 order, on that one cluster: the join and the spread placement, routing and prefix affinity across the
 nodes, a real Prometheus finding every replica on every node through Ray's service-discovery file, one
-worker node lost (its raylet SIGKILLed) under streams, that node rejoining, and last Serve's autoscaler
-adding a replica (on the rejoined node) under a load step and draining it when the load is gone.
+worker node lost (its raylet SIGKILLed) under streams, that node rejoining, Serve's autoscaler adding a
+replica (on the rejoined node) under a load step and draining it when the load is gone, and last the launcher's
+clean stop.
 """
 
 import asyncio
@@ -482,6 +483,19 @@ def test_autoscale_adds_a_replica_on_the_rejoined_node_under_a_load_step_and_dra
                             "scale_up_s": round(up_s, 1), "scale_down_s": round(down_s, 1),
                             "drained_streams": len(drained), "retries": {k: after[k] - before.get(k, 0) for k in after}}
 
+
+
+def test_the_launcher_stops_cleanly_and_quietly(mn):
+    """Last (issue 48): SIGTERM to the launcher that joined the cluster stops Serve with one `stopped` line and exit
+    0, without the lines Ray and Serve printed on every run (the controller's `graceful_shutdown` task reported
+    failed when the controller killed itself, and `serve.run` reconnecting to the Serve instance just started)."""
+    mn.launcher.send_signal(signal.SIGTERM)
+    code = mn.launcher.wait(60)
+    text = Path(mn.tmp, "launch.out").read_text() + Path(mn.tmp, "launch.err").read_text()
+    assert code == 0, text[-3000:]
+    assert Path(mn.tmp, "launch.out").read_text().rstrip().splitlines()[-1] == "sglang-replayssm: stopped", text[-3000:]
+    for noise in ("graceful_shutdown failed", "Connecting to existing Serve app", "Traceback"):
+        assert noise not in text, text[-3000:]
 
 async def _slices(groups, run_s=0.02, period_s=0.1):
     """Let these process groups run `run_s` in every `period_s` until cancelled (then they stay stopped:
