@@ -105,3 +105,40 @@ def test_rayservice_head_takes_the_router_and_no_engine_replica(monkeypatch):
     for g in cluster["workerGroupSpecs"]:
         (c,) = g["template"]["spec"]["containers"]
         assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1 and g["rayStartParams"].get("num-gpus") != "0"
+
+
+DOCS = DEPLOY.parent / "docs" / "scheduler.md"
+
+
+def test_the_docs_count_the_dashboards_queries_and_panels_as_they_are():
+    """docs/scheduler.md says how many queries and panels deploy/grafana's dashboard has (issue 48: it said 43 in
+    20 while the dashboard had grown); test_prometheus.py evaluates every one of those queries."""
+    import re
+
+    panels = json.loads((DEPLOY / "grafana" / "replayssm-serving.json").read_text())["panels"]
+    nested = [q for p in panels for q in p.get("panels", ())]
+    assert not nested   # a row's nested panels would need counting too
+    queries = [t["expr"] for p in panels for t in p.get("targets", ())]
+    text = " ".join(DOCS.read_text().split())
+    m = re.search(r"Every one of its (\d+) queries \((\d+) panels\) is evaluated against a real Prometheus", text)
+    assert m, "docs/scheduler.md no longer counts the dashboard's queries"
+    assert (int(m.group(1)), int(m.group(2))) == (len(queries), len(panels)), (m.groups(), len(queries), len(panels))
+
+
+def test_prometheus_scrapes_the_router_where_every_example_puts_it():
+    """deploy/prometheus.yml's router target is the --port of every Ray example in docs/scheduler.md and README.md
+    (issue 48: it scraped 30000, the single server's default, while every example said --port 8000)."""
+    import re
+
+    from tests.user_path.readme import README, join_lines
+
+    cfg = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "replayssm-router"]
+    (target,) = [t for s in job["static_configs"] for t in s["targets"]]
+    ports = []
+    for path in (DOCS, README):
+        for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S):
+            for line in join_lines(block):
+                if "sglang_replayssm.launch" in line and "--replicas" in line:
+                    ports += re.findall(r"--port[ =](\d+)", line)
+    assert len(ports) >= 4 and set(ports) == {target.rsplit(":", 1)[1]}, (target, ports)
