@@ -143,6 +143,9 @@ def make_state(cfg, model, batch, mode, window, max_drafts, ctx_len, device, ker
         pool.rec_d.normal_(0.0, 0.02, generator=g)
         pool.rec_k.normal_(0.0, 0.1, generator=g)
         pool.rec_g.uniform_(-0.1, 0.0, generator=g)
+        if pool.rec_v is not None:   # a delta family's raw inputs, which its fold replays
+            pool.rec_v.normal_(0.0, 0.5, generator=g)
+            pool.rec_beta.uniform_(0.0, 1.0, generator=g)
         idx = torch.tensor(slots, device=device)
         pool.cursor[idx] = (idx % window).to(torch.int32)
     kv = KVCache(cfg, batch + 1, ctx_len + 16, device, model.dtype)

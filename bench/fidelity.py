@@ -14,9 +14,9 @@ How: all configurations x text streams are rows of one batch; the model runs lay
 whole sequence (`tools.tiny_lm.sequence_forward`: the engine's per-layer maths of native/blocks.py;
 attention / MLP / conv are exact per row). SSM layers run `windowed_ssm`: the ReplaySSM
 decode semantics of the pool (reference/replay.py) in window form — inside a window the 15 non-flush
-tokens read the read copy, the flush token reads the recurrence checkpoint, records (d, k, g) are
-combined with the two-matmul output form, and the flush folds the window into the checkpoint and
-rewrites the read copy with the quantizers of reference/quant.py (fp8 rows, NVFP4, fp16 SR with the
+tokens read the read copy, records (d, k, g) combined with the two-matmul output form; the flush token
+and the fold take the window from the recurrence checkpoint (a delta family's d solved from it, the exact
+flush: the read copy never reaches the recurrence), and the flush rewrites the read copy with the quantizers of reference/quant.py (fp8 rows, NVFP4, fp16 SR with the
 pool's stream / element-index convention). tests/fidelity checks it against the reference pool path.
 
     python bench/fidelity.py --quick                                   # CPU, 2K tokens
@@ -142,14 +142,16 @@ def windowed_ssm(q, k, v, g, beta, rows: list[tuple], layer: int, window: int = 
         ob = torch.empty(R, H, nb, L, Dv, device=dev)
         for w in range(nb):
             Srt, St = Sr.transpose(-1, -2), S.transpose(-1, -2)
-            # tokens 0..L-2 read the read copy, the flush token L-1 the recurrence checkpoint
-            base_q = torch.cat([Qd[:, :, w, :-1] @ Srt, Qd[:, :, w, -1:] @ St], dim=2)
+            # tokens 0..L-2 read the read copy; the flush token L-1 and the fold take the window from the
+            # recurrence checkpoint (a delta family's d replayed from it: the exact flush)
             if beta is None:
-                d = vb[:, :, w]
+                d_read = d = vb[:, :, w]
             else:
-                base_k = torch.cat([Kb[:, :, w, :-1] @ Srt, Kb[:, :, w, -1:] @ St], dim=2)
-                d = Minv[:, :, w] @ (Vb[:, :, w] - base_k)
-            ob[:, :, w] = base_q + QKL[:, :, w] @ d
+                d_read = Minv[:, :, w] @ (Vb[:, :, w] - Kb[:, :, w] @ Srt)
+                d = Minv[:, :, w] @ (Vb[:, :, w] - Kb[:, :, w] @ St)
+            o_read = Qd[:, :, w, :-1] @ Srt + QKL[:, :, w, :-1] @ d_read
+            o_flush = Qd[:, :, w, -1:] @ St + QKL[:, :, w, -1:] @ d
+            ob[:, :, w] = torch.cat([o_read, o_flush], dim=2)
             S_new = S * decay[:, :, w, None, None] + d.transpose(-1, -2) @ Kd[:, :, w]
             S, Sr = _store(S_new, groups, idx, (w0 + w + 1) * L, sr_seed)
         out[:, sl] = ob.permute(0, 2, 3, 1, 4).reshape(R, nb * L, H, Dv)

@@ -73,7 +73,7 @@ def make_pool(geo, nslots, read_copy="none", record_dtype=torch.float32):
     g = SSMGeometry(family=geo["family"], num_heads=geo["H"], head_v_dim=geo["Dv"], head_k_dim=geo["Dk"],
                     num_k_heads=geo["Hk"])
     cfg = ReplayConfig(window=L, max_drafts=8, read_copy=read_copy, record_dtype=record_dtype)
-    p = ReplayStatePool(g, 1, nslots, cfg, device=DEV)
+    p = ReplayStatePool(g, 1, nslots, cfg, device=DEV, act_dtype=ACT)   # raw v records in the activations' dtype
     p.ckpt.normal_().mul_(0.05)
     if p.rc is not None:
         p.rc.copy_((torch.randn(p.rc.shape, device=DEV) * 100).to(p.rc.dtype))
@@ -81,6 +81,9 @@ def make_pool(geo, nslots, read_copy="none", record_dtype=torch.float32):
     p.rec_d.normal_()
     p.rec_k.copy_(torch.nn.functional.normalize(torch.randn(p.rec_k.shape, device=DEV), dim=-1))
     p.rec_g.uniform_(-0.2, -0.01)
+    if p.rec_v is not None:   # a delta family's raw inputs (its exact fold replays them)
+        p.rec_v.normal_()
+        p.rec_beta.uniform_(0.0, 1.0)
     return p
 
 

@@ -45,8 +45,8 @@ PARTS = ("verify", "verify_ieee", "read", "s0dot", "s0dot_t", "pass", "finish")
 
 @triton.jit
 def _part_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
-                 ckpt_ptr, recd_ptr, reck_ptr, recg_ptr, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
-                 V: tl.constexpr, R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                 ckpt_ptr, recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr, H: tl.constexpr, HK: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                  BKC: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr, PART: tl.constexpr):
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     head_rows = (slot * H + i_h) * V
@@ -99,7 +99,7 @@ def _part_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, 
         o_t = tl.arange(0, BT)
         tok = i_b * T + o_t
         _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots_ptr, out_ptr,
-                                k_ptr, recd_ptr, recg_ptr, reck_ptr + (slot * R * HK + i_hk) * K,
+                                k_ptr, recd_ptr, recg_ptr, recv_ptr, recb_ptr, reck_ptr + (slot * R * HK + i_hk) * K,
                                 (tok * HK + i_hk) * K, tok, slot, cur, i_b, i_h, i_v, o_t, o_t < T, o_v, mask_v,
                                 H, HK, K, V, R, T, BT, BV, BKC, False, H * V)
 
@@ -128,6 +128,7 @@ def part_launch(part, pool, slots, inp, T, block_v, block_k, num_warps, out=None
               num_warps=num_warps)
     return lambda: _part_kernel[grid](inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], inp["A_log"],
                                       inp["dt_bias"], out, slots, lv.cursor, lv.ckpt, lv.rec_d, lv.rec_k, lv.rec_g,
+                                      lv.rec_v, lv.rec_beta,
                                       **kw)
 
 

@@ -115,7 +115,9 @@ class StateSizes:
     ckpt: int                # bytes of one layer's checkpoint of one sequence
     read: int                # bytes a non-flush step reads for the state (read copy or checkpoint)
     rc: int                  # bytes of the read copy (0 without)
-    record: int              # bytes of one record
+    record: int              # bytes of one record as a step writes it (d, k, g; a delta family's raw v and beta too)
+    record_read: int         # bytes of one record as a step reads it (d, k, g; a delta family's fold reads v and
+                             # beta in place of d, counted the same)
     conventional_state: int  # bytes of a conventional engine's state of one layer and sequence
     layers: int
 
@@ -125,12 +127,14 @@ class StateSizes:
         bytes per element (fp32 unless told)."""
         per = lambda t: 0 if t is None else t[0, 0].numel() * t.element_size()  # noqa: E731
         rc = per(pool.rc) + per(pool.rc_scale) + per(pool.rc_gscale)
-        rec = 0
+        one = lambda ts: sum(t[0, 0, 0].numel() * t.element_size() for t in ts if t is not None)  # noqa: E731
+        rec = read = 0
         if pool.rec_d is not None:
-            rec = sum(t[0, 0, 0].numel() * t.element_size() for t in (pool.rec_d, pool.rec_k, pool.rec_g))
+            read = one((pool.rec_d, pool.rec_k, pool.rec_g))
+            rec = read + one((getattr(pool, "rec_v", None), getattr(pool, "rec_beta", None)))
         H, Dv, Dk = pool.geo.state_shape
         ckpt = per(pool.ckpt)
-        return cls(ckpt=ckpt, read=rc or ckpt, rc=rc, record=rec,
+        return cls(ckpt=ckpt, read=rc or ckpt, rc=rc, record=rec, record_read=read,
                    conventional_state=H * Dv * Dk * conventional_itemsize, layers=pool.num_layers)
 
 
@@ -140,7 +144,7 @@ def decode_traffic(s: StateSizes, rows, flushes, records_read, conventional: boo
     if conventional:
         return s.layers * rows * s.ckpt, s.layers * rows * s.ckpt
     nonflush = rows - flushes
-    read = s.layers * (nonflush * s.read + flushes * s.ckpt + records_read * s.record)
+    read = s.layers * (nonflush * s.read + flushes * s.ckpt + records_read * s.record_read)
     return read, s.layers * (rows * s.record + flushes * (s.ckpt + s.rc))
 
 
@@ -149,7 +153,7 @@ def verify_traffic(s: StateSizes, mode: str, rows, tokens, records_read, folds, 
     records) and committing them, ``folds`` rows folding ``fold_records`` committed records; mode 'replay' |
     'snapshot' (reads the state, writes one snapshot per token, the commit copies one back)."""
     if mode == "replay":
-        read = s.layers * (rows * s.read + records_read * s.record + folds * s.ckpt + fold_records * s.record)
+        read = s.layers * (rows * s.read + records_read * s.record_read + folds * s.ckpt + fold_records * s.record_read)
         return read, s.layers * (tokens * s.record + folds * (s.ckpt + s.rc))
     return s.layers * 2 * rows * s.ckpt, s.layers * (tokens * s.ckpt + rows * (s.ckpt + s.rc))
 

@@ -29,8 +29,10 @@ def _move(ptr, src, dst, o, NCOL: tl.constexpr):
 
 
 @triton.jit
-def _compact_kernel(slots_ptr, acc_ptr, nodes_ptr, cursor_ptr, recd_ptr, reck_ptr, recg_ptr, S, R,
-                    N: tl.constexpr, ND: tl.constexpr, NK: tl.constexpr, NG: tl.constexpr, BLOCK: tl.constexpr):
+def _compact_kernel(slots_ptr, acc_ptr, nodes_ptr, cursor_ptr, recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr, S, R,
+                    N: tl.constexpr, ND: tl.constexpr, NK: tl.constexpr, NG: tl.constexpr, NB: tl.constexpr,
+                    BLOCK: tl.constexpr, HAS_INPUTS: tl.constexpr):
+    """HAS_INPUTS: the ring also holds a delta family's raw v (ND per record, as d) and beta (NB) rows."""
     b = tl.program_id(0).to(tl.int64)
     lay = tl.program_id(1).to(tl.int64)
     o = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
@@ -45,6 +47,9 @@ def _compact_kernel(slots_ptr, acc_ptr, nodes_ptr, cursor_ptr, recd_ptr, reck_pt
             _move(recd_ptr, row + node, row + j, o, ND)
             _move(reck_ptr, row + node, row + j, o, NK)
             _move(recg_ptr, row + node, row + j, o, NG)
+            if HAS_INPUTS:
+                _move(recv_ptr, row + node, row + j, o, ND)
+                _move(recb_ptr, row + node, row + j, o, NB)
 
 
 def compact_paths(pool, slots: torch.Tensor, accepted: torch.Tensor, nodes: torch.Tensor) -> None:
@@ -64,7 +69,11 @@ def compact_paths(pool, slots: torch.Tensor, accepted: torch.Tensor, nodes: torc
     ND = pool.rec_d[0, 0, 0].numel()
     NK = pool.rec_k[0, 0, 0].numel()
     NG = pool.rec_g[0, 0, 0].numel()
+    inputs = getattr(pool, "rec_v", None) is not None      # a delta family's v and beta records move too
+    NB = pool.rec_beta[0, 0, 0].numel() if inputs else 1
     check(nl <= MAX_GRID_YZ, f"compact_paths covers at most {MAX_GRID_YZ} layers, got {nl}")
     grid = (B, nl, cdiv(max(ND, NK, NG), BLOCK))
-    _compact_kernel[grid](slots, accepted, nodes, pool.cursor, pool.rec_d, pool.rec_k, pool.rec_g, S, R,
-                          N=int(nodes.shape[1]), ND=ND, NK=NK, NG=NG, BLOCK=BLOCK, num_warps=4)
+    _compact_kernel[grid](slots, accepted, nodes, pool.cursor, pool.rec_d, pool.rec_k, pool.rec_g,
+                          pool.rec_v if inputs else pool.rec_d, pool.rec_beta if inputs else pool.rec_g, S, R,
+                          N=int(nodes.shape[1]), ND=ND, NK=NK, NG=NG, NB=NB, BLOCK=BLOCK, HAS_INPUTS=inputs,
+                          num_warps=4)

@@ -9,7 +9,7 @@ import triton.language as tl
 from .checks import block_knobs, cdiv, check, check_block_k, check_slots, check_tensor, chunk_k, next_pow2
 from .constants import FOLD_PREC, INTERPRET, RC_NVFP4
 from .layer_views import LayerViews, layer_views
-from .quant_tiles import read_copy_scales, store_state_chunk
+from .quant_tiles import read_copy_scales, store_state_chunk, store_state_tile
 from .replay import weighted_records
 from .tuning import FOLD_TUNED, check_tuning
 
@@ -150,11 +150,8 @@ def fold_tile_store(S0, Kr, Dr, w, gtot, alpha, dcur, kcur, ckpt_ptr, rc_ptr, rs
     + dcur kcur^T, then its read copy (scales from the rows' maxima) and checkpoint."""
     S = alpha * (S0 * tl.exp(gtot) + tl.dot(tl.trans(Dr * w[:, None]), Kr, input_precision=FOLD_PREC))
     S = S + dcur[:, None] * kcur[None, :]
-    rows = head_rows + o_v
-    amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
-    sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, READ_COPY)
-    store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, tl.arange(0, K), 0, mask_v, sc, gs, seed, stream,
-                      idx_base, K, K, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+    store_state_tile(S, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, seed, stream, idx_base,
+                     K, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -166,8 +163,8 @@ def _fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr
                  INTERPRET: tl.constexpr, WINDOW: tl.constexpr, FROM_ACCEPTED: tl.constexpr):
     """Fold records 0..count-1 of each row into its checkpoint (+ read copy), for one layer or several
     (fold_layer_head; S: the pool's slots). count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's
-    accepted drafts and the count is fold_count's. Scalar-decay families (Mamba-2, GDN); KDA has its own
-    (kda/decode.py)."""
+    accepted drafts and the count is fold_count's. Mamba-2, whose records d = u depend on no state: the
+    delta families fold exactly from their records' raw inputs instead (delta_fold._delta_fold_kernel)."""
     i_v = tl.program_id(0)
     i_b = tl.program_id(2)
     layer, i_h, l = fold_layer_head(layer, H)
@@ -207,7 +204,7 @@ def _row_tensors(lv: LayerViews, slots, counts, name: str) -> tuple[torch.Tensor
 def fold(pool, layer: int | None, slots, counts, kernel, tuning=None) -> None:
     """Fold records 0..counts[b]-1 of slots[b] into the checkpoint (+ read copy), in place, of one layer
     or (layer None) of every layer of the pool in one launch, with the family's fold kernel (`_fold_kernel`
-    here for the scalar-decay families, kda's `_kda_fold_kernel`).
+    here for Mamba-2, `delta_fold._delta_fold_kernel` for GDN and KDA, which replays the records' raw inputs).
 
     slots / counts: int32 tensors [B] on the pool's device, or sequences of ints. Rows with
     counts[b] == 0 are untouched. Does not move cursor/folded (the pool does; commit below does both).
@@ -226,18 +223,22 @@ def _launch_fold(pool, lv: LayerViews, layer: int | None, slots, counts, B: int,
     block_v, block_k, num_warps = tuning.block_v, tuning.block_k, tuning.num_warps
     nl = int(pool.ckpt.shape[0]) if layer is None else 1
     check_block_k(block_k, lv.Dk)
+    delta = lv.rec_v is not None   # the delta families replay whole rows (delta_fold._delta_fold_kernel)
+    check(not delta or block_k in (None, lv.Dk),
+          f"the {lv.family} fold replays whole state rows: block_k must be None or head_k_dim {lv.Dk}, got {block_k}")
     if block_v is None and block_k is None and num_warps is None:
         block_v, block_k, num_warps, _why = FOLD_TUNED[lv.family]
     BV, num_warps = block_knobs(block_v, num_warps, 16, 4)
-    BKC = chunk_k(lv.Dk, min(block_k, lv.Dk)) if block_k else chunk_k(lv.Dk)
+    BKC = lv.Dk if delta else chunk_k(lv.Dk, min(block_k, lv.Dk)) if block_k else chunk_k(lv.Dk)
     if lv.rc_mode == RC_NVFP4:  # the per-head global scale needs the whole head in one program
-        BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), 16, max(num_warps, 8)
+        BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), lv.Dk if delta else 16, max(num_warps, 8)
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
     check(lv.H * nl <= 65535, f"a fold launch covers at most 65535 (layer, head) pairs, got {nl} x {lv.H}")
     grid = (cdiv(lv.Dv, BV), lv.H * nl, B)
+    inputs = dict(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta, PER_CHANNEL=lv.family == "kda") if delta else {}
     kernel[grid](slots_ptr=slots, counts_ptr=counts, cursor_ptr=lv.cursor, folded_ptr=lv.folded, ckpt_ptr=lv.ckpt,
-                 rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g,
+                 rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, **inputs,
                  seed=lv.seed, layer=lv.layer, S=lv.num_slots,
                  H=lv.H, HK=lv.Hk, K=lv.Dk, V=lv.Dv, R=lv.R, BV=BV, BKC=BKC, BR=BR,
                  READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant,

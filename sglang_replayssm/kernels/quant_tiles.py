@@ -181,6 +181,19 @@ def store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, s
 
 
 @triton.jit
+def store_state_tile(S, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, seed, stream, idx_base,
+                     K: tl.constexpr, BV: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
+                     SHARED_QUANT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Write a new state's whole rows o_v of one head (S [BV, K], fp32, in registers): the read copy's scales
+    from the rows' maxima (NVFP4: the whole head is in this program, BV >= Dv), the read copy, the checkpoint."""
+    rows = head_rows + o_v
+    amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
+    sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, READ_COPY)
+    store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, tl.arange(0, K), 0, mask_v, sc, gs, seed, stream,
+                      idx_base, K, K, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+
+
+@triton.jit
 def state_tile(slots_ptr, state_ptr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                BK: tl.constexpr):
     """A conventional-decode program's coordinates and its [BV, BK] fp32 tile of state[slot, head]

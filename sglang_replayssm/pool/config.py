@@ -48,6 +48,11 @@ class SSMGeometry:
     def per_channel_decay(self) -> bool:
         return self.family == "kda"
 
+    @property
+    def delta_rule(self) -> bool:
+        """GDN and KDA: a token's record value ``d = beta (v - S' k)`` depends on the state."""
+        return self.family in ("gdn", "kda")
+
 
 @dataclass(frozen=True)
 class ReplayConfig:
@@ -100,6 +105,14 @@ class ReplayConfig:
         error = read_copy_geometry_error(self.read_copy, geometry.head_k_dim)
         if error:
             raise ConfigError(f"read_copy={self.read_copy!r}: {error}")
+
+    def value_record_dtype(self, act_dtype: torch.dtype) -> torch.dtype:
+        """The dtype of a delta family's raw ``v`` records (``rec_v``): the activations' dtype where it is a 16-bit
+        float (``v`` arrives in it, so the copy is exact, at half the bytes of an fp32 record), else the record
+        dtype (fp64 with an fp64 checkpoint)."""
+        if self.ckpt == "fp64":
+            return torch.float64
+        return act_dtype if act_dtype in (torch.bfloat16, torch.float16) else self.record_dtype
 
     @property
     def ring_capacity(self) -> int:

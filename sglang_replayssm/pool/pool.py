@@ -108,13 +108,17 @@ class ReplayStatePool:
             self.rc = torch.zeros(nl, S, H, Dv, Dk // 2, dtype=torch.uint8, **z)
             self.rc_scale = torch.zeros(nl, S, H, Dv, Dk // 16, dtype=torch.float8_e4m3fn, **z)
             self.rc_gscale = torch.ones(nl, S, H, dtype=torch.float32, **z)
-        self.rec_d = self.rec_k = self.rec_g = self.snap = None
+        self.rec_d = self.rec_k = self.rec_g = self.rec_v = self.rec_beta = self.snap = None
         if c.mode == "replay":
             R = c.ring_capacity
+            scalar_dtype = torch.float32 if c.ckpt != "fp64" else torch.float64
             self.rec_d = torch.zeros(nl, S, R, H, Dv, dtype=c.record_dtype, **z)
             self.rec_k = torch.zeros(nl, S, R, Hk, Dk, dtype=c.record_dtype, **z)
             gshape = (nl, S, R, H, Dk) if g.per_channel_decay else (nl, S, R, H)
-            self.rec_g = torch.zeros(*gshape, dtype=torch.float32 if c.ckpt != "fp64" else torch.float64, **z)
+            self.rec_g = torch.zeros(*gshape, dtype=scalar_dtype, **z)
+            if g.delta_rule:   # the raw inputs the exact fold replays (docs/layout.md)
+                self.rec_v = torch.zeros(nl, S, R, H, Dv, dtype=c.value_record_dtype(act_dtype), **z)
+                self.rec_beta = torch.zeros(nl, S, R, H, dtype=scalar_dtype, **z)
         elif c.max_drafts:
             self.snap = torch.zeros(nl, S, c.max_drafts, H, Dv, Dk, dtype=c.ckpt_dtype, **z)
         self.conv = self.conv_in = None
@@ -130,8 +134,8 @@ class ReplayStatePool:
 
     # ------------------------------------------------------------------ views and sizes
     def _per_slot_tensors(self) -> list[torch.Tensor]:
-        ts = [self.ckpt, self.rc, self.rc_scale, self.rc_gscale, self.rec_d, self.rec_k, self.rec_g, self.snap,
-              self.conv, self.conv_in]
+        ts = [self.ckpt, self.rc, self.rc_scale, self.rc_gscale, self.rec_d, self.rec_k, self.rec_g, self.rec_v,
+              self.rec_beta, self.snap, self.conv, self.conv_in]
         return [t for t in ts if t is not None]
 
     def bytes_per_slot(self) -> int:

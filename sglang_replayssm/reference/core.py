@@ -16,6 +16,11 @@ With cumulative log-decays ``G_j = g_1 + ... + g_j``, the current state is never
 
     S_c x = S0 (exp(G_c) * x) + sum_j d_j ((k_j * exp(G_c - G_j)) . x)
 
+A non-flush step reads ``S0`` from the low-precision read copy, so the ``d_j`` of a delta family carry
+the read copy's error. The records of a delta family therefore also keep the raw inputs ``v_j, beta_j``,
+and the fold (a flush) replays them through the delta rule from the full-precision checkpoint
+(:func:`fold`): no value read from the read copy reaches the recurrence.
+
 Everything below is written for a batch of heads ``[..., H, ...]`` of one sequence, in whatever
 float dtype the inputs have (float64 in the equivalence tests).
 """
@@ -49,28 +54,40 @@ def expand_heads(x: torch.Tensor, num_heads: int, dim: int = -2) -> torch.Tensor
     return x.repeat_interleave(num_heads // groups, dim=dim)
 
 
-def conventional_step(S: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      g: torch.Tensor, beta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token, plain recurrence. ``S [.., H, Dv, Dk]``, ``q, k, g [.., H, Dk]``, ``v [.., H, Dv]``,
-    ``beta [.., H]`` or None (Mamba-2: ``v`` is ``u``). Returns ``(o [.., H, Dv], S_new)``."""
+def token_step(S: torch.Tensor, q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """One token of the plain recurrence: ``(o, S_new, d)`` (``o`` None without a query ``q``); shapes as
+    :func:`conventional_step`'s. ``d`` is the token's record value (``u`` itself for Mamba-2)."""
     S1 = S * torch.exp(g).unsqueeze(-2)
     if beta is None:
         d = v
     else:
         d = beta.unsqueeze(-1) * (v - (S1 @ k.unsqueeze(-1)).squeeze(-1))
     S1 = S1 + d.unsqueeze(-1) * k.unsqueeze(-2)
-    o = (S1 @ q.unsqueeze(-1)).squeeze(-1)
+    o = None if q is None else (S1 @ q.unsqueeze(-1)).squeeze(-1)
+    return o, S1, d
+
+
+def conventional_step(S: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      g: torch.Tensor, beta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token, plain recurrence. ``S [.., H, Dv, Dk]``, ``q, k, g [.., H, Dk]``, ``v [.., H, Dv]``,
+    ``beta [.., H]`` or None (Mamba-2: ``v`` is ``u``). Returns ``(o [.., H, Dv], S_new)``."""
+    o, S1, _d = token_step(S, q, k, v, g, beta)
     return o, S1
 
 
 @dataclass
 class Records:
     """Records of one sequence since its checkpoint: ``d [c, H, Dv]``, ``k [c, H, Dk]`` (expanded to
-    value heads), ``g [c, H, Dk]`` (log-decays, broadcast)."""
+    value heads), ``g [c, H, Dk]`` (log-decays, broadcast); for delta families also the raw inputs
+    ``v [c, H, Dv]`` and ``beta [c, H]`` that the exact fold replays (None: Mamba-2, whose ``d`` is its
+    input ``u`` and depends on no state)."""
 
     d: torch.Tensor
     k: torch.Tensor
     g: torch.Tensor
+    v: torch.Tensor | None = None
+    beta: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.d.shape[0]
@@ -95,13 +112,28 @@ def apply_state(S0: torch.Tensor, rec: Records, x: torch.Tensor, extra_decay: to
 
 
 def fold(S0: torch.Tensor, rec: Records) -> torch.Tensor:
-    """Flush: the state after the records, ``S_c = S0 * exp(G_c) + sum_j d_j (k_j * exp(G_c - G_j))^T``."""
+    """Flush: the state after the records. Records with their raw inputs (delta families) are replayed
+    token by token through the delta rule from ``S0`` (:func:`replay_inputs`), so the stored ``d_j`` (read
+    from whatever copy their step read) do not enter; the others fold linearly,
+    ``S_c = S0 * exp(G_c) + sum_j d_j (k_j * exp(G_c - G_j))^T``."""
     if len(rec) == 0:
         return S0.clone()
+    if rec.beta is not None:
+        return replay_inputs(S0, rec)
     G = rec.g.cumsum(0)
     total = G[-1]
     kt = rec.k * torch.exp(total.unsqueeze(0) - G)
     return S0 * torch.exp(total).unsqueeze(-2) + torch.einsum("jhv,jhk->hvk", rec.d, kt)
+
+
+def replay_inputs(S0: torch.Tensor, rec: Records) -> torch.Tensor:
+    """The exact fold of a delta family: ``S <- S exp(g_j); d_j = beta_j (v_j - S k_j); S <- S + d_j k_j^T`` for
+    each record in order, from ``S0`` (the full-precision checkpoint). Each value row of ``S`` evolves on its
+    own given the keys, which is what lets a kernel keep a row tile in registers."""
+    S = S0
+    for j in range(len(rec)):
+        _o, S, _d = token_step(S, None, rec.k[j], rec.v[j], rec.g[j], rec.beta[j])
+    return S
 
 
 def evaluate_tokens(S0: torch.Tensor, rec: Records, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -38,13 +38,17 @@ def read_checkpoint(pool, layer: int, slot: int) -> torch.Tensor:
 
 
 def records(pool, layer: int, slot: int, n: int, start: int = 0) -> core.Records:
-    """Records ``start .. start+n-1`` of a slot in core form (k expanded to value heads, g to ``[H, Dk]``)."""
+    """Records ``start .. start+n-1`` of a slot in core form (k expanded to value heads, g to ``[H, Dk]``; a
+    delta family's raw ``v`` and ``beta`` too, which the exact fold replays)."""
     dt = pool.cfg.compute_dtype
     H = pool.geo.num_heads
-    d = pool.rec_d[layer, slot, start:start + n].to(dt)
-    k = core.expand_heads(pool.rec_k[layer, slot, start:start + n].to(dt), H)
-    g = _g_full(pool, pool.rec_g[layer, slot, start:start + n].to(dt))
-    return core.Records(d, k, g)
+    span = slice(start, start + n)
+    d = pool.rec_d[layer, slot, span].to(dt)
+    k = core.expand_heads(pool.rec_k[layer, slot, span].to(dt), H)
+    g = _g_full(pool, pool.rec_g[layer, slot, span].to(dt))
+    if pool.rec_v is None:
+        return core.Records(d, k, g)
+    return core.Records(d, k, g, pool.rec_v[layer, slot, span].to(dt), pool.rec_beta[layer, slot, span].to(dt))
 
 
 def store_checkpoint(pool, layer: int, slots: Sequence[int], states: torch.Tensor,
@@ -127,8 +131,13 @@ def compact_paths(pool, slots: torch.Tensor, accepted: torch.Tensor, nodes: torc
         move = live & (j < accepted) & (node != j) & (node >= 0)
         src = cur + torch.where(move, node, torch.full_like(node, j))
         dst = cur + j
-        for t in (pool.rec_d, pool.rec_k, pool.rec_g):
+        for t in record_tensors(pool):
             t[:, idx, dst] = t[:, idx, src]
+
+
+def record_tensors(pool) -> list[torch.Tensor]:
+    """The ring tensors of a pool, one row per record: d, k, g, and a delta family's v and beta."""
+    return [t for t in (pool.rec_d, pool.rec_k, pool.rec_g, pool.rec_v, pool.rec_beta) if t is not None]
 
 
 def commit(pool, slots: torch.Tensor, accepted: torch.Tensor) -> None:
@@ -224,10 +233,16 @@ def count_commit(pool, slots: torch.Tensor, accepted: torch.Tensor, num_drafts: 
     counts[11] = rows
 
 
-def _write_record(pool, layer: int, slot: int, pos: int, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> None:
+def _write_record(pool, layer: int, slot: int, pos: int, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
+                  v: torch.Tensor, beta: torch.Tensor | None) -> None:
+    """One record at ring position ``pos``: d, the token's k (per k-head) and g, and (delta families) its raw
+    v and beta."""
     pool.rec_d[layer, slot, pos] = d.to(pool.rec_d.dtype)
     pool.rec_k[layer, slot, pos] = k.to(pool.rec_k.dtype)
     pool.rec_g[layer, slot, pos] = g.to(pool.rec_g.dtype)
+    if pool.rec_v is not None:
+        pool.rec_v[layer, slot, pos] = v.to(pool.rec_v.dtype)
+        pool.rec_beta[layer, slot, pos] = beta.to(pool.rec_beta.dtype)
 
 
 def _row_inputs(pool, b: int, q, k, g, beta):
@@ -240,9 +255,11 @@ def _row_inputs(pool, b: int, q, k, g, beta):
 def decode_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 g: torch.Tensor, beta: torch.Tensor | None) -> torch.Tensor:
     """One decode token per row in core form: ``q, k [B, Hk, Dk]``, ``v [B, H, Dv]``, ``g [B, H]`` (KDA
-    ``[B, H, Dk]``), ``beta [B, H]`` or None. Non-flush rows append a record; a row whose record fills
-    the window (``cursor + 1 == window``) also folds the window into its checkpoint. Cursors are not
-    moved (``pool.advance`` does that once per step). Returns ``o [B, H, Dv]`` in compute precision."""
+    ``[B, H, Dk]``), ``beta [B, H]`` or None. Non-flush rows read the read copy (or the checkpoint) and the
+    records and append a record; a row whose record fills the window (``cursor + 1 == window``) is a flush
+    row: it forms the state from the full-precision checkpoint (``core.fold``: exact for delta families), steps
+    its token on it and stores the result as the new checkpoint (and read copy). Cursors are not moved
+    (``pool.advance`` does that once per step). Returns ``o [B, H, Dv]`` in compute precision."""
     cfg = pool.cfg
     dt = cfg.compute_dtype
     out = torch.empty(v.shape, dtype=dt, device=v.device)
@@ -253,15 +270,17 @@ def decode_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
             pool.ckpt[layer, s] = S.to(pool.ckpt.dtype)
             continue
         c = int(pool.cursor[s])
-        flush = c + 1 >= cfg.window
         rec = records(pool, layer, s, c)
-        S0 = hp_checkpoint(pool, layer, s) if flush else read_checkpoint(pool, layer, s)
-        o, d = core.evaluate_tokens(S0, rec, qb[None], kb[None], v[b:b + 1].to(dt), gb[None],
-                                    None if bb is None else bb[None])
+        if c + 1 >= cfg.window:    # flush row: the state from the checkpoint, this token on it, stored
+            out[b], S, d = core.token_step(core.fold(hp_checkpoint(pool, layer, s), rec), qb, kb, v[b].to(dt),
+                                           gb, bb)
+            _write_record(pool, layer, s, c, d, k[b], g[b], v[b], None if beta is None else beta[b])
+            store_checkpoint(pool, layer, [s], S[None], [int(pool.folded[s]) + c + 1])
+            continue
+        o, d = core.evaluate_tokens(read_checkpoint(pool, layer, s), rec, qb[None], kb[None], v[b:b + 1].to(dt),
+                                    gb[None], None if bb is None else bb[None])
         out[b] = o[0]
-        _write_record(pool, layer, s, c, d[0], k[b], g[b])
-        if flush:
-            fold_rows(pool, layer, [s], [c + 1])
+        _write_record(pool, layer, s, c, d[0], k[b], g[b], v[b], None if beta is None else beta[b])
     return out
 
 
@@ -294,5 +313,5 @@ def verify_rows(pool, layer: int, slots: torch.Tensor, q: torch.Tensor, k: torch
                                     v[b].to(dt), gb, bb, par)
         out[b] = o
         for i in range(T):
-            _write_record(pool, layer, s, c + i, d[i], k[b, i], g[b, i])
+            _write_record(pool, layer, s, c + i, d[i], k[b, i], g[b, i], v[b, i], None if beta is None else beta[b, i])
     return out

@@ -40,7 +40,7 @@ def extra_bytes_per_slot(cache_params, opts, drafts: int, device) -> int:
         return 0
     nl = len(cache_params.layers)
     cfg = opts.replay_config(max_drafts=drafts, family=family, device=device)
-    ours = ReplayStatePool.slot_bytes(geometry_of(family, cache_params), nl, cfg)
+    ours = ReplayStatePool.slot_bytes(geometry_of(family, cache_params), nl, cfg, act_dtype=cache_params.dtype.conv)
     theirs_ssm = math.prod(cache_params.shape.temporal) * cache_params.dtype.temporal.itemsize * nl
     conv_windows = drafts * sum(math.prod(s) for s in cache_params.shape.conv) * cache_params.dtype.conv.itemsize * nl
     return ours - theirs_ssm + conv_windows

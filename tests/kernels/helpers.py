@@ -42,6 +42,9 @@ def make_pool(family, *, window=4, max_drafts=3, num_slots=6, num_layers=2, gen=
         k = torch.nn.functional.normalize(k, dim=-1)
     pool.rec_k.copy_(k.to(pool.rec_k))
     pool.rec_g.copy_((-torch.rand(pool.rec_g.shape, generator=gen) * 0.4).to(pool.rec_g))
+    if pool.rec_v is not None:   # a delta family's raw inputs, which its exact fold replays
+        pool.rec_v.copy_(torch.randn(pool.rec_v.shape, generator=gen).to(pool.rec_v))
+        pool.rec_beta.copy_(torch.rand(pool.rec_beta.shape, generator=gen).to(pool.rec_beta))
     pool.cursor.copy_(torch.randint(0, window, (pool.cursor.numel(),), generator=gen, dtype=torch.int32))
     pool.folded.copy_(torch.randint(0, 1000, (pool.folded.numel(),), generator=gen))
     return pool
@@ -51,7 +54,7 @@ def clone_pool(pool):
     return copy.deepcopy(pool)
 
 
-TENSORS = ("ckpt", "rc", "rc_scale", "rc_gscale", "rec_d", "rec_k", "rec_g", "cursor", "folded")
+TENSORS = ("ckpt", "rc", "rc_scale", "rc_gscale", "rec_d", "rec_k", "rec_g", "rec_v", "rec_beta", "cursor", "folded")
 
 
 def snapshot(pool):
@@ -103,3 +106,6 @@ def compare_pools(pk, pr, layer, read_copy, ckpt):
     close(pk.rec_d[layer], pr.rec_d[layer])
     close(pk.rec_k[layer], pr.rec_k[layer])
     close(pk.rec_g[layer], pr.rec_g[layer])
+    if pr.rec_v is not None:
+        close(pk.rec_v[layer], pr.rec_v[layer])
+        close(pk.rec_beta[layer], pr.rec_beta[layer])

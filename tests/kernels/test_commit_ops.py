@@ -23,7 +23,7 @@ def _rows(device):
     return slots, acc, nodes
 
 
-def _equal(a, b, names=("rec_d", "rec_k", "rec_g", "ckpt", "rc", "rc_scale", "cursor", "folded")):
+def _equal(a, b, names=("rec_d", "rec_k", "rec_g", "rec_v", "rec_beta", "ckpt", "rc", "rc_scale", "cursor", "folded")):
     for n in names:
         x, y = getattr(a, n), getattr(b, n)
         if x is not None:
@@ -39,7 +39,7 @@ def test_compact_paths_kernel_equals_reference_equals_loop(family):
         if s == 0:
             continue
         c = int(want.cursor[s])
-        for t in (want.rec_d, want.rec_k, want.rec_g):
+        for t in (t for t in (want.rec_d, want.rec_k, want.rec_g, want.rec_v, want.rec_beta) if t is not None):
             moved = [t[:, s, c + n].clone() for n in path[:a]]
             for j, m in enumerate(moved):
                 t[:, s, c + j] = m
@@ -56,12 +56,14 @@ def test_compact_paths_kernel_equals_reference_equals_loop(family):
 def test_copy_slots_kernel_equals_reference(read_copy):
     gen = torch.Generator().manual_seed(4)
     pool = make_pool("gdn", gen=gen, read_copy=read_copy)
-    tensors = [t for t in (pool.ckpt, pool.rc, pool.rc_scale, pool.rec_d, pool.rec_k, pool.rec_g) if t is not None]
+    tensors = [t for t in (pool.ckpt, pool.rc, pool.rc_scale, pool.rec_d, pool.rec_k, pool.rec_g, pool.rec_v,
+                           pool.rec_beta) if t is not None]
     # rows: a copy, a row that copies nothing (dst 0), the padding row, a slot onto itself, a second copy
     src = torch.tensor([1, 2, 0, 3, 4], dtype=torch.int64, device=DEV)
     dst = torch.tensor([5, 0, 6, 3, 6], dtype=torch.int64, device=DEV)
     refp = clone_pool(pool)
-    rtensors = [t for t in (refp.ckpt, refp.rc, refp.rc_scale, refp.rec_d, refp.rec_k, refp.rec_g) if t is not None]
+    rtensors = [t for t in (refp.ckpt, refp.rc, refp.rc_scale, refp.rec_d, refp.rec_k, refp.rec_g, refp.rec_v,
+                            refp.rec_beta) if t is not None]
     ref.copy_slots(rtensors, src.to(refp.ckpt.device), dst.to(refp.ckpt.device), 1)
     ref.copy_slots([refp.cursor, refp.folded], src, dst, 0)
     before = snapshot(pool)

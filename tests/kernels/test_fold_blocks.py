@@ -16,7 +16,8 @@ KERNELS = {"gdn": kgdn, "mamba2": km2, "kda": kkda}
 
 @pytest.mark.parametrize("family,read_copy,blocks", [
     ("gdn", "none", (32, 64, 4)), ("gdn", "fp8", (16, 64, 2)), ("mamba2", "none", (16, 32, 2)),
-    ("mamba2", "fp8", (32, 64, 8)), ("kda", "none", (32, 64, 4)), ("kda", "fp8", (16, 32, 4))])
+    ("mamba2", "fp8", (32, 64, 8)), ("kda", "none", (32, 64, 4)), ("kda", "fp8", (16, 64, 4)),
+    ("mamba2", "none", (16, 16, 4)), ("gdn", "fp8", (16, None, 2))])
 def test_fold_blocks_match_the_reference(family, read_copy, blocks):
     g = torch.Generator().manual_seed(11)
     pk = make_pool(family, read_copy=read_copy, gen=g, head_k_dim=64, max_drafts=4)
@@ -43,6 +44,9 @@ def test_fold_refuses_bad_blocks():
         kgdn.fold(pk, 0, slots, counts, tuning=KernelTuning(block_v=24))
     with pytest.raises(ValueError, match="num_warps must be None or a power of 2 in 1..16, got 3"):
         kgdn.fold(pk, 0, slots, counts, tuning=KernelTuning(num_warps=3))
+    wide = make_pool("kda", gen=torch.Generator().manual_seed(1), head_k_dim=64)   # a delta fold replays whole rows
+    with pytest.raises(ValueError, match="the kda fold replays whole state rows: block_k must be None or head_k_dim 64"):
+        kkda.fold(wide, 0, slots, counts, tuning=KernelTuning(block_k=32))
 
 
 @pytest.mark.parametrize("family", ["gdn", "mamba2"])

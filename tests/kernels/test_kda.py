@@ -45,7 +45,7 @@ def test_decode_window_crossing_flushes(read_copy, ckpt, shared, stages, method)
         flushes += int(((pk.cursor[slots[:-1].long()] + 1) == pk.cfg.window).sum())
         x = inputs(g, 4, H, Hk, Dv, Dk, views=step % 2 == 0)   # SGLang's views and contiguous inputs
         ok = kkda.decode(pk, 1, slots, **x, **par, method=method,
-                         tuning=KernelTuning(stages=stages, flush_block_k=16 if read_copy == "fp8" else None))
+                         tuning=KernelTuning(stages=stages, flush_block_k=Dk if read_copy == "fp8" else None))
         orf = rkda.decode(pr, 1, slots, **x, **par)
         close(ok[:-1], orf[:-1], **read_tol(ckpt))
         compare_pools(pk, pr, 1, read_copy, ckpt)

@@ -149,7 +149,8 @@ def test_bytes_and_capacity_vs_snapshot_scheme():
     cfg = ReplayConfig(window=16, max_drafts=8)
     per = ReplayStatePool.slot_bytes(geo, 24, cfg, torch.bfloat16)
     state = 32 * 128 * 128 * 4
-    ring = 24 * (32 * 128 + 16 * 128) * 4 + 24 * 32 * 4
+    # a record: d and k (fp32 records), g; the exact fold's raw v (the activations' bf16) and beta (fp32)
+    ring = 24 * (32 * 128 + 16 * 128) * 4 + 24 * 32 * 4 + 24 * (32 * 128 * 2 + 32 * 4)
     conv = 8192 * 3 * 2 + 8 * 8192 * 2
     assert per == 24 * state + 24 * ring + 24 * conv + 4 + 8
     cap = ReplayStatePool.capacity(geo, 24, cfg, 80 * 2 ** 30, torch.bfloat16)

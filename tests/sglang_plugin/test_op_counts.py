@@ -30,20 +30,20 @@ def test_plugin_step_op_counts_stay_within_bounds(monkeypatch):
     # a prefill's flush: its rows, the fold, the pointer move, and the rows' early folds noted (flush_stagger.py); a
     # commit: its indices + counts, (the tree path's records to the cursor,) the fold, the pointer move, SGLang's conv
     # rollback, and SGLang's slot lookup (one index op)
-    assert by_op["prefill"]["note_step"] == {"triton:_flush_prep_kernel": 1, "triton:_fold_kernel": 1,
+    assert by_op["prefill"]["note_step"] == {"triton:_flush_prep_kernel": 1, "triton:_delta_fold_kernel": 1,
                                              "triton:_flush_move_kernel": 1, "_to_copy": 1, "clamp": 1,
                                              "remainder": 1, "index_copy_": 1}, counts
     assert by_op["verify_tree"]["commit"] == {
-        "index": 1, "triton:_commit_prep_kernel": 1, "triton:_compact_kernel": 1, "triton:_fold_kernel": 1,
+        "index": 1, "triton:_commit_prep_kernel": 1, "triton:_compact_kernel": 1, "triton:_delta_fold_kernel": 1,
         "triton:_advance_kernel": 1, "triton:sglang:fused_mamba_state_scatter_with_mask": 1}, counts
     # (per step, per layer, host reads): per layer the decode / verify kernel alone (it reads SGLang's split views of
     # q, k, v by token rows: no copies); a prefill layer launches nothing without a read copy; per step: the slot
     # conversion, the note, the advance (decode), the flush (prefill), the tree parents + the commit (verify); with
     # track slots the commit adds
-    # the slot copy (one launch per pool tensor), the track slot's commit and conv rollback, and SGLang's own boundary
+    # the slot copy (one launch per pool tensor: a delta family has two more, its raw v and beta), the track slot's commit and conv rollback, and SGLang's own boundary
     # steps (_verify_commit_step_indices, ~20 ops)
     bounds = {"decode": (3, 1, 0), "prefill": (7, 0, 0), "verify_chain": (6, 1, 0), "verify_tree": (8, 1, 0),
-              "verify_tree_track": (37, 1, 0)}
+              "verify_tree_track": (39, 1, 0)}
     assert all(got[n][i] <= bounds[n][i] for n in bounds for i in range(3)), (got, counts)
 
 

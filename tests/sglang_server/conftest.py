@@ -52,7 +52,9 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
                                      "--mamba-track-interval", "64", "--page-size", "16", "--enable-metrics",
                                      "--max-running-requests", "4"], {OVERLAP_ENV: "1"}),
     "gdn-L4-kernels": ("qwen3_next", True, ["--replayssm-window", "4"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
-    "gdn-L1-fp16sr-fp8": ("qwen3_next", True, ["--replayssm-window", "1", "--replayssm-ckpt-precision", "fp16-sr",
+    # the fp8 read copy read by the non-flush steps (3 of every 4), the window folded exactly from the fp16-SR
+    # checkpoint (the delta rule replayed from the records' raw v and beta)
+    "gdn-L4-fp16sr-fp8": ("qwen3_next", True, ["--replayssm-window", "4", "--replayssm-ckpt-precision", "fp16-sr",
                                                "--replayssm-read-copy", "fp8"], {}),
     # NGRAM with the radix cache's extra_buffer strategy and the overlap scheduler (SGLang's defaults on a GPU):
     # track slots written at accepted-prefix boundaries inside the verify commit (track grid lcm(FLA chunk 64,

@@ -6,13 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import (cdiv, check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
+from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_whole_row_flush, chunk_k, next_pow2,
                       output_tensor, token_inputs)
 from ..constants import INTERPRET, RC_NVFP4
-from ..fold import _fold_kernel, commit as commit_records, fold as fold_records, fold_store, fold_tile_store
+from ..delta_fold import _delta_fold_kernel, delta_flush_rows, flush_sub_rows, store_delta_beta, store_delta_inputs
+from ..fold import commit as commit_records, fold as fold_records
 from ..layer_views import layer_views
 from ..quant_tiles import state_tile
-from ..replay import flush_tiles, load_records, record_key_products, replay_pass, ring_program, ring_row
+from ..replay import load_records, record_key_products, replay_pass, ring_program, ring_row
 from ..split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
 from ..tuning import check_tuning, decode_plan, default_warps, KernelTuning, PREP_WARPS
 from .token import _block_v, _check_inputs, _gdn_gate, _gdn_scalars, _gdn_token, L2_EPS
@@ -30,12 +31,12 @@ def _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq):
 
 @triton.jit
 def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
-                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
-                    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr,
+                    scale, seed, layer, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
-                    INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr,
-                    NUM_STAGES: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
+                    INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr,
+                    QK_ROW: tl.constexpr, V_ROW: tl.constexpr, FLUSH_SUB: tl.constexpr):
     """The body of _gdn_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
     QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
@@ -46,51 +47,24 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     rq, rk, kq, g, beta = _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
                                        H, K, EPS)
     alpha = tl.exp(g)
-    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-    head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    # S q and S k of the state before this token: checkpoint (flush rows: the fp32 one, others
-    # the read copy) plus the records, without forming the state
-    if FLUSH_BLOCK_K == K:  # whole-row flush: the checkpoint tile and the keys loaded once, folded in registers
-        if is_flush:
-            S0, Kr = flush_tiles(ckpt_ptr, head_rows, o_v, mask_v, reck_base, o_r, mask_r, HK * K, K)
-            o_k = tl.arange(0, K)
-            qn = tl.load(q_row + o_k).to(tl.float32) * rq
-            kn = tl.load(k_row + o_k).to(tl.float32) * rk
-            d, o = _gdn_out(tl.sum(S0 * qn[None, :], axis=1), tl.sum(S0 * kn[None, :], axis=1),
-                            tl.sum(Kr * qn[None, :], axis=1), tl.sum(Kr * kn[None, :], axis=1), alpha, gam, Dr, w,
-                            beta, vv, kq)
-            fold_tile_store(S0, Kr, Dr, w, gtot, alpha, d, kn, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows,
-                            slot * H + i_h, o_v, mask_v, seed, tl.load(folded_ptr + slot) + cur + 1,
-                            (layer * H + i_h).to(tl.int64) * (V * K), K, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
-        else:
-            sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
-                                             mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                             HK * K, K, BKC, BV, BR, READ_COPY, True, REDUCE_ONCE, NUM_STAGES)
-            d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
-    else:
-        if is_flush:
-            sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
-                                             mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                             HK * K, K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, 0, True,
-                                             REDUCE_ONCE, NUM_STAGES)
-        else:
-            sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
-                                             mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
-                                             HK * K, K, BKC, BV, BR, READ_COPY, True, REDUCE_ONCE, NUM_STAGES)
+    if is_flush:  # the window replayed from the fp32 checkpoint (its raw inputs), this token on it, stored
+        delta_flush_rows(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recv_ptr, recb_ptr, reck_ptr, recg_ptr, v_ptr,
+                         out_ptr, slot, i_b, i_h, i_hk, i_v, cur, q_row, k_row, rq, rk, alpha, beta, seed,
+                         tl.load(folded_ptr + slot) + cur + 1, layer, H, HK, K, V, R, BV, FLUSH_SUB, V_ROW, False,
+                         READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+    else:  # S q and S k of the state before this token from the read copy (or checkpoint) and the records
+        vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+        sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
+                                         mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                                         HK * K, K, BKC, BV, BR, READ_COPY, True, REDUCE_ONCE, NUM_STAGES)
         d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
-        if is_flush:  # fold the window into the checkpoint: S_t = alpha*replay(S0) + d k^T
-            fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
-                       recd_ptr + (slot * R * H + i_h) * V, recg_ptr + slot * R * H + i_h, cur, gtot,
-                       alpha, d, k_row, rk, seed, tl.load(folded_ptr + slot) + cur + 1,
-                       (layer * H + i_h).to(tl.int64) * (V * K), HK * K, H * V, H, K,
-                       FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, BR, READ_COPY, CKPT_SR, SHARED_QUANT, True,
-                       INTERPRET)
-    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
-    # the record of this token at ring position cur
-    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty),
-             mask=mask_v)
+        tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+        # the record of this token at ring position cur: d and the raw v (beta, g, k below)
+        tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(recv_ptr + ((slot * R + cur) * H + i_h) * V + o_v, vv.to(recv_ptr.dtype.element_ty), mask=mask_v)
+    store_delta_beta(recb_ptr, slot, cur, i_h, beta, i_v, H, R)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
         if i_h % (H // HK) == 0:
@@ -102,12 +76,13 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
 @triton.jit(do_not_specialize=["seed", "layer", "min_rows"])
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
                        folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                       recg_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
-                       V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                       BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                       EPS: tl.constexpr, INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, QK_ROW: tl.constexpr,
-                       V_ROW: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr = 0, NUM_STAGES: tl.constexpr = None,
-                       FLUSH_ROW_PROGRAMS: tl.constexpr = 1, FLUSH_ONLY: tl.constexpr = False):
+                       recg_ptr, recv_ptr, recb_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr,
+                       BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
+                       SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
+                       REDUCE_ONCE: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
+                       NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
+                       FLUSH_ONLY: tl.constexpr = False, FLUSH_SUB: tl.constexpr = 2):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
     split_decode.flush_rows gives it (the split decode runs the other rows through _gdn_decode_prep_kernel +
@@ -117,13 +92,14 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
         for j in range(lo, hi, step):
             _gdn_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
                             slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
-                            reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
-                            CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
+                            reck_ptr, recg_ptr, recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV,
+                            BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, NUM_STAGES,
+                            QK_ROW, V_ROW, FLUSH_SUB)
     else:
         _gdn_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                         cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                        scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS,
-                        INTERPRET, REDUCE_ONCE, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
+                        recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
+                        CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, NUM_STAGES, QK_ROW, V_ROW, FLUSH_SUB)
 
 
 @triton.jit
@@ -159,13 +135,14 @@ def _gdn_decode_prep_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, prep_
 
 @triton.jit
 def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
-                            ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, prep_ptr, H: tl.constexpr,
+                            ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recg_ptr, recv_ptr, recb_ptr, prep_ptr,
+                            H: tl.constexpr,
                             HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr,
                             BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
                             REDUCE_ONCE: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
                             NUM_STAGES: tl.constexpr = None):
     """Split decode, stage 2, non-flush rows: the state pass (S q, S k from the checkpoint or its read
-    copy) with the record products from stage 1, then d, the output, the d and g records."""
+    copy) with the record products from stage 1, then d, the output, the d, v, beta and g records."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_program(
         slots_ptr, cursor_ptr, H, HK, V, BV, BR)
     if cur + 1 >= WINDOW:
@@ -185,6 +162,7 @@ def _gdn_decode_read_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr
                     tl.load(p + 2 * BR))
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+    store_delta_inputs(recv_ptr, recb_ptr, slot, cur, i_h, o_v, mask_v, vv, beta, i_v, H, V, R)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
 
@@ -236,7 +214,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         return out
     method, tuning = decode_plan("gdn", lv.rc_mode, B, H, Dk, method, tuning)
     block_v, block_k, num_warps, stages = tuning.block_v, tuning.block_k, tuning.num_warps, tuning.stages
-    flush_block_k, flush_warps = tuning.flush_block_k, tuning.flush_warps
+    flush_block_k, flush_warps = tuning.flush_block_k, tuning.flush_warps   # the flush rows replay whole rows
     BV = _block_v(Dv, block_v)
     nw = num_warps or default_warps(B, H)
     if lv.rc_mode == RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
@@ -244,7 +222,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
-    fbk = check_flush_block_k(flush_block_k, Dk)
+    check_whole_row_flush(flush_block_k, Dk)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("gdn", method, slots, lv, nw, flush_warps,
                                                                       flush_list)
@@ -256,12 +234,13 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=frows, nflush_ptr=nflush,
             # the layer's state: checkpoint, read copy and its scales, the records
             ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
-            recg_ptr=lv.rec_g,
+            recg_ptr=lv.rec_g, recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta,
             scale=scale, seed=lv.seed, layer=lv.layer, min_rows=min_rows,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(Dk), BR=BR,
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
-            REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, QK_ROW=qk_row, V_ROW=v_row, FLUSH_BLOCK_K=fbk,
-            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
+            REDUCE_ONCE=nw >= 4 and (block_k or 32) <= 32, QK_ROW=qk_row, V_ROW=v_row,
+            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split",
+            FLUSH_SUB=flush_sub_rows(BV, Dk, nw, lv.rc_mode == RC_NVFP4), num_warps=nw)
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
         _gdn_decode_prep_kernel[(Hk, B)](q_ptr=q, k_ptr=k, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,
@@ -271,7 +250,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         _gdn_decode_read_kernel[(cdiv(Dv, rbv), H, B)](
             q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out,
             slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs,
-            recd_ptr=lv.rec_d, recg_ptr=lv.rec_g, prep_ptr=prep,
+            recd_ptr=lv.rec_d, recg_ptr=lv.rec_g, recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta, prep_ptr=prep,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv, BKC=block_k or chunk_k(Dk), BR=BR,
             READ_COPY=lv.rc_mode, REDUCE_ONCE=rnw >= 4, QK_ROW=qk_row, V_ROW=v_row, NUM_STAGES=check_stages(stages),
             num_warps=rnw)
@@ -305,11 +284,11 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 def fold(pool, layer, slots, counts, *, tuning=None):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
-    in one launch (layer None); counts 0 = no-op (fold.fold with the scalar-decay kernel)."""
-    fold_records(pool, layer, slots, counts, _fold_kernel, tuning)
+    in one launch (layer None); counts 0 = no-op (fold.fold with the exact delta-rule fold kernel)."""
+    fold_records(pool, layer, slots, counts, _delta_fold_kernel, tuning)
 
 
 def commit(pool, slots, accepted, *, tuning=None):
-    """A chain commit's device work (fold.commit with the scalar-decay fold kernel): rows whose cursor +
+    """A chain commit's device work (fold.commit with the exact delta-rule fold kernel): rows whose cursor +
     accepted drafts reach the window fold every layer, then the pointers move."""
-    commit_records(pool, slots, accepted, _fold_kernel, tuning)
+    commit_records(pool, slots, accepted, _delta_fold_kernel, tuning)

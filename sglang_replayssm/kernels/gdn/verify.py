@@ -9,6 +9,7 @@ from ...device_info import sm_count
 from ..checks import cdiv, check, check_slots, check_tensor, launch_stages, next_pow2, output_tensor, token_inputs
 from ..drafts import (delta_solve, draft_chunk, draft_inv_norms, draft_structure, gram_update, stacked_draft_pass,
                       stacked_halves, store_draft_d)
+from ..delta_fold import store_draft_inputs
 from ..layer_views import layer_views
 from ..quant_tiles import load_state_chunk
 from ..replay import load_records, ring_program
@@ -19,14 +20,14 @@ from .token import _check_inputs, _gdn_gate, L2_EPS
 
 @triton.jit
 def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
-                       recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
+                       recd_ptr, recg_ptr, recv_ptr, recb_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
                        mask_v, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                        HAS_PARENTS: tl.constexpr, V_ROW: tl.constexpr):
     """The drafts' part of a GDN verify, given Sc q_t (SQ), Sc k_t (SK) [BT, BV] of the committed
     state Sc and the drafts' Gram products q_t.k_i (QK), k_t.k_i (KK): gates, the path decays,
     the within-draft delta rule by forward substitution (topological order), the outputs and the T
-    draft records (d, g, and the normalised k = k_row * rk) at ring positions cursor.."""
+    draft records (d, the raw v and beta, g, and the normalised k = k_row * rk) at ring positions cursor.."""
     Vd = tl.load(v_ptr + tok[:, None] * V_ROW + i_h * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     av = tl.load(a_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32)
@@ -43,6 +44,7 @@ def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_v[None, :])
     pos, mpos = store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
+    store_draft_inputs(recv_ptr, recb_ptr, Vd, beta, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v, H, V, R)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + pos) * H + i_h, G, mask=mpos)
         if i_h % (H // HK) == 0:
@@ -56,7 +58,7 @@ def _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
 @triton.jit
 def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                        slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                       recd_ptr, reck_ptr, recg_ptr, scale,
+                       recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr, scale,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
@@ -93,14 +95,14 @@ def _gdn_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc q_t [BT, BV]
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)  # Sc k_t
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
-                       recd_ptr, recg_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v, o_t, mask_t, o_v,
-                       mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS, V_ROW)
+                       recd_ptr, recg_ptr, recv_ptr, recb_ptr, reck_base, qk_rows, tok, slot, cur, i_b, i_h, i_v,
+                       o_t, mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS, V_ROW)
 
 
 @triton.jit
 def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                            slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                           recd_ptr, reck_ptr, recg_ptr, scale,
+                           recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr, scale,
                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                            BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
@@ -132,7 +134,8 @@ def _gdn_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     SQ, SK, QK, KK = stacked_halves(SX, XX, BT, BV)
     _rq, rk = tl.split(tl.permute(tl.reshape(rx, [2, BT]), (1, 0)))
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
-                       recd_ptr, recg_ptr, reck_base, tok * QK_ROW + i_hk * K, tok, slot, cur, i_b, i_h, i_v, o_t,
+                       recd_ptr, recg_ptr, recv_ptr, recb_ptr, reck_base, tok * QK_ROW + i_hk * K, tok, slot, cur,
+                       i_b, i_h, i_v, o_t,
                        mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS, V_ROW)
 
 
@@ -180,7 +183,7 @@ def _gdn_draft_gram_kernel(q_ptr, k_ptr, slots_ptr, cursor_ptr, reck_ptr, gram_p
 @triton.jit
 def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                              slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                             recd_ptr, reck_ptr, recg_ptr, gram_ptr,
+                             recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr, gram_ptr,
                              H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                              R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                              BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
@@ -216,7 +219,8 @@ def _gdn_verify_split_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_pt
     SQ = gam * tl.sum(aq, axis=2) + tl.sum((KrQ * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
     SK = gam * tl.sum(ak, axis=2) + tl.sum((KrK * w[:, None])[:, :, None] * Dr[:, None, :], axis=0)
     _gdn_drafts_finish(SQ, SK, QK, KK, rk, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, k_ptr,
-                       recd_ptr, recg_ptr, reck_ptr + (slot * R * HK + i_hk) * K, qk_rows, tok, slot, cur, i_b,
+                       recd_ptr, recg_ptr, recv_ptr, recb_ptr, reck_ptr + (slot * R * HK + i_hk) * K, qk_rows, tok,
+                       slot, cur, i_b,
                        i_h, i_v, o_t, mask_t, o_v, mask_v, H, HK, K, V, R, T, BT, BV, BKC, HAS_PARENTS, V_ROW)
 
 
@@ -257,7 +261,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
     args = dict(q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
                 par_ptr=parents if parents is not None else slots, out_ptr=out, slots_ptr=slots, cursor_ptr=lv.cursor,
                 ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
-                recg_ptr=lv.rec_g,
+                recg_ptr=lv.rec_g, recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta,
                 H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BV=BV, BKC=BKC, BR=BR, READ_COPY=lv.rc_mode,
                 HAS_PARENTS=parents is not None, QK_ROW=qk_row, V_ROW=v_row, num_warps=num_warps)
     if method == "split":  # record/draft products once per (row, k-head), then the state pass

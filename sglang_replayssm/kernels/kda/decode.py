@@ -1,18 +1,20 @@
 """KDA decode: the fused decode (non-flush + flush rows in one launch), the split decode's prep / read /
-flush launches, the commit fold kernel, the conventional decode baseline."""
+flush launches, the conventional decode baseline; the flush rows and the commit fold replay the window exactly
+(delta_fold.py)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from ..checks import (cdiv, check, check_flush_block_k, check_slots, check_stages, check_tensor, chunk_k, next_pow2,
+from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_whole_row_flush, chunk_k, next_pow2,
                       output_tensor, token_inputs)
-from ..constants import FOLD_PREC, INTERPRET, RC_NVFP4
-from ..fold import commit as commit_records, fold as fold_records, fold_count, fold_layer_head
+from ..constants import INTERPRET, RC_NVFP4
+from ..delta_fold import _delta_fold_kernel, delta_flush_rows, flush_sub_rows, store_delta_beta, store_delta_inputs
+from ..fold import commit as commit_records, fold as fold_records
 from ..layer_views import layer_views
 from ..math_helpers import softplus
-from ..quant_tiles import load_state_chunk, read_copy_scales, store_state_chunk
+from ..quant_tiles import load_state_chunk
 from ..replay import ring_program, ring_row
 from ..split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
 from ..tuning import check_tuning, decode_plan, default_warps, KernelTuning, PREP_WARPS
@@ -20,50 +22,13 @@ from .token import _block_v, _check_inputs, _kda_chunk, L2_EPS
 
 
 @triton.jit
-def _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, recg_ptr, reck_base, slot,
-                    i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, dcur, k_row, rk, seed, stream, idx_base,
-                    H: tl.constexpr, K: tl.constexpr, R: tl.constexpr, REC_K_STRIDE: tl.constexpr,
-                    BKC: tl.constexpr, BV: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
-                    SHARED_QUANT: tl.constexpr, HAS_CUR: tl.constexpr, INTERPRET: tl.constexpr):
-    """S_new = (S0 Diag(exp G) + Dr^T (K_r W)) Diag(alpha) + dcur k^T into ckpt (+ read copy: fp8 with
-    per-row scales, or NVFP4 whose per-head global scale needs the whole head here, BV >= Dv).
-    A quantized read copy needs the row maxima first: a first pass, unless whole rows are one chunk."""
-    rows = head_rows + o_v
-    amax = tl.zeros([BV], dtype=tl.float32)
-    sc = amax
-    gs = 1.0
-    ONE_PASS: tl.constexpr = READ_COPY == 0 or BKC == K
-    for p in tl.static_range(1 if ONE_PASS else 2):
-        if p == 1 or READ_COPY == 0:
-            sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, READ_COPY)
-        for c in range(K // BKC):
-            o_kc = c * BKC + tl.arange(0, BKC)
-            KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog,
-                                         dtb_row, H, K, R, REC_K_STRIDE, HAS_CUR)
-            S0 = tl.load(ckpt_ptr + rows[:, None] * K + o_kc[None, :], mask=mask_v[:, None], other=0.0).to(tl.float32)
-            S = (S0 * gam[None, :] + tl.dot(tl.trans(Dr), KW, input_precision=FOLD_PREC)) * al[None, :]
-            if HAS_CUR:
-                S = S + dcur[:, None] * (tl.load(k_row + o_kc).to(tl.float32) * rk)[None, :]
-            if READ_COPY != 0 and ONE_PASS:  # the whole rows: scales from this chunk, then store
-                amax = tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1)
-                sc, gs = read_copy_scales(amax, rs_ptr, rgs_ptr, rows, mask_v, i_head, READ_COPY)
-                store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
-                                  idx_base, K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
-            elif READ_COPY != 0 and p == 0:
-                amax = tl.maximum(amax, tl.max(tl.abs(tl.where(mask_v[:, None], S, 0.0)), axis=1))
-            else:
-                store_state_chunk(S, ckpt_ptr, rc_ptr, rs_ptr, rows, o_v, o_kc, c, mask_v, sc, gs, seed, stream,
-                                  idx_base, K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
-
-
-@triton.jit
 def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
-                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale, seed, layer,
-                    H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-                    WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                    folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr,
+                    scale, seed, layer, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
-                    INTERPRET: tl.constexpr, FLUSH_BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                    QK_ROW: tl.constexpr, V_ROW: tl.constexpr):
+                    INTERPRET: tl.constexpr, NUM_STAGES: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
+                    FLUSH_SUB: tl.constexpr):
     """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
     QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
@@ -81,46 +46,44 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
     kq = tl.sum(qf * kf, axis=0) * rq * rk
     beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
-    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    g = -tl.exp(alog) * softplus(tl.load(a_row + o_k).to(tl.float32) + tl.load(dtb_row + o_k).to(tl.float32))
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    sq = tl.zeros([BV], dtype=tl.float32)
-    sk = tl.zeros([BV], dtype=tl.float32)
-    kqr = tl.zeros([BR], dtype=tl.float32)
-    kkr = tl.zeros([BR], dtype=tl.float32)
-    for c in tl.range(0, K // BKC, num_stages=NUM_STAGES):
-        o_kc = c * BKC + tl.arange(0, BKC)
-        KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
-                                     H, K, R, HK * K, True)
-        qc = tl.load(q_row + o_kc).to(tl.float32) * rq * al
-        kc = tl.load(k_row + o_kc).to(tl.float32) * rk * al
-        if is_flush:
-            S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
-                                  mask_v, K, 0)
-        else:
+    if is_flush:  # the window replayed from the fp32 checkpoint (its raw inputs), this token on it, stored
+        delta_flush_rows(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recv_ptr, recb_ptr, reck_ptr, recg_ptr, v_ptr,
+                         out_ptr, slot, i_b, i_h, i_hk, i_v, cur, q_row, k_row, rq, rk, tl.exp(g), beta, seed,
+                         tl.load(folded_ptr + slot) + cur + 1, layer, H, HK, K, V, R, BV, FLUSH_SUB, V_ROW, True,
+                         READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+    else:  # S'q and S'k from the read copy (or checkpoint) and the records, column chunk by chunk
+        vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        sq = tl.zeros([BV], dtype=tl.float32)
+        sk = tl.zeros([BV], dtype=tl.float32)
+        kqr = tl.zeros([BR], dtype=tl.float32)
+        kkr = tl.zeros([BR], dtype=tl.float32)
+        for c in tl.range(0, K // BKC, num_stages=NUM_STAGES):
+            o_kc = c * BKC + tl.arange(0, BKC)
+            KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
+                                         H, K, R, HK * K, True)
+            qc = tl.load(q_row + o_kc).to(tl.float32) * rq * al
+            kc = tl.load(k_row + o_kc).to(tl.float32) * rk * al
             S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
                                   mask_v, K, READ_COPY)
-        sq += tl.sum(S0 * (gam * qc)[None, :], axis=1)
-        sk += tl.sum(S0 * (gam * kc)[None, :], axis=1)
-        kqr += tl.sum(KW * qc[None, :], axis=1)
-        kkr += tl.sum(KW * kc[None, :], axis=1)
-    sq = sq + tl.sum(Dr * kqr[:, None], axis=0)
-    sk = sk + tl.sum(Dr * kkr[:, None], axis=0)
-    d = beta * (vv - sk)
-    o = sq + d * kq
-    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
-    if is_flush:
-        stream = tl.load(folded_ptr + slot) + cur + 1
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, recg_ptr,
-                        reck_base, slot, i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, d, k_row, rk, seed, stream, idx_base,
-                        H, K, R, HK * K, FLUSH_BLOCK_K if FLUSH_BLOCK_K > 0 else BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, True,
-                        INTERPRET)
-    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+            sq += tl.sum(S0 * (gam * qc)[None, :], axis=1)
+            sk += tl.sum(S0 * (gam * kc)[None, :], axis=1)
+            kqr += tl.sum(KW * qc[None, :], axis=1)
+            kkr += tl.sum(KW * kc[None, :], axis=1)
+        sq = sq + tl.sum(Dr * kqr[:, None], axis=0)
+        sk = sk + tl.sum(Dr * kkr[:, None], axis=0)
+        d = beta * (vv - sk)
+        o = sq + d * kq
+        tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+        # the record of this token at ring position cur: d and the raw v (beta, g, k below)
+        tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(recv_ptr + ((slot * R + cur) * H + i_h) * V + o_v, vv.to(recv_ptr.dtype.element_ty), mask=mask_v)
+    store_delta_beta(recb_ptr, slot, cur, i_h, beta, i_v, H, R)
     if i_v == 0:
-        g = -tl.exp(alog) * softplus(tl.load(a_row + o_k).to(tl.float32) + tl.load(dtb_row + o_k).to(tl.float32))
         tl.store(recg_ptr + ((slot * R + cur) * H + i_h) * K + o_k, g)
         if i_h % (H // HK) == 0:
             tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
@@ -129,13 +92,12 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
 @triton.jit(do_not_specialize=["seed", "layer", "min_rows"])
 def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr, cursor_ptr,
                        folded_ptr, frows_ptr, nflush_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr,
-                       recg_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
-                       V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
-                       BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                       EPS: tl.constexpr, INTERPRET: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
-                       FLUSH_BLOCK_K: tl.constexpr = 0,
-                       NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
-                       FLUSH_ONLY: tl.constexpr = False):
+                       recg_ptr, recv_ptr, recb_ptr, scale, seed, layer, min_rows, H: tl.constexpr, HK: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr,
+                       BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
+                       SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr, QK_ROW: tl.constexpr,
+                       V_ROW: tl.constexpr, NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
+                       FLUSH_ONLY: tl.constexpr = False, FLUSH_SUB: tl.constexpr = 2):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
     split_decode.flush_rows gives it (the split decode runs the other rows through _kda_decode_prep_kernel +
@@ -145,13 +107,13 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
         for j in range(lo, hi, step):
             _kda_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
                             slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
-                            reck_ptr, recg_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
-                            CKPT_SR, SHARED_QUANT, EPS, INTERPRET, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
+                            reck_ptr, recg_ptr, recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV,
+                            BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS, INTERPRET, NUM_STAGES, QK_ROW, V_ROW, FLUSH_SUB)
     else:
         _kda_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                         cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
-                        scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS,
-                        INTERPRET, FLUSH_BLOCK_K, NUM_STAGES, QK_ROW, V_ROW)
+                        recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
+                        CKPT_SR, SHARED_QUANT, EPS, INTERPRET, NUM_STAGES, QK_ROW, V_ROW, FLUSH_SUB)
 
 
 @triton.jit
@@ -200,7 +162,7 @@ def _kda_decode_prep_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, slots
 
 @triton.jit
 def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
-                            prep_ptr, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                            recv_ptr, recb_ptr, prep_ptr, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                             R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr,
                             BR: tl.constexpr, READ_COPY: tl.constexpr, V_ROW: tl.constexpr,
                             NUM_STAGES: tl.constexpr = None):
@@ -229,39 +191,8 @@ def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_
     o = sq + d * tl.load(p + 2 * K + 2 * BR)
     tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
     tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
-
-
-@triton.jit(do_not_specialize=["seed", "layer"])
-def _kda_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                     recd_ptr, reck_ptr, recg_ptr, seed, layer, S,
-                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
-                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
-                     INTERPRET: tl.constexpr, WINDOW: tl.constexpr, FROM_ACCEPTED: tl.constexpr):
-    """fold._fold_kernel for KDA's per-channel decays (one layer or several: fold.fold_layer_head;
-    S: the pool's slots; FROM_ACCEPTED: a commit's accepted drafts, fold.fold_count)."""
-    i_v = tl.program_id(0)
-    i_b = tl.program_id(2)
-    layer, i_h, l = fold_layer_head(layer, H)
-    cnt = tl.load(counts_ptr + i_b)
-    row = tl.load(slots_ptr + i_b).to(tl.int64)
-    if FROM_ACCEPTED:
-        cnt = fold_count(cursor_ptr, row, cnt, WINDOW)
-    if cnt > 0:
-        i_hk = i_h // (H // HK)
-        stream = tl.load(folded_ptr + row) + cnt
-        slot = row + l * S                   # in the first layer's views (fold.fold_layer_head)
-        o_v = i_v * BV + tl.arange(0, BV)
-        o_r = tl.arange(0, BR)
-        mask_v = o_v < V
-        mask_r = o_r < cnt
-        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        idx_base = (layer * H + i_h).to(tl.int64) * (V * K)
-        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v, mask_v, recg_ptr,
-                        reck_ptr + (slot * R * HK + i_hk) * K, slot, i_h, o_r, mask_r, Dr, recg_ptr, 0.0,
-                        recg_ptr, tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream, idx_base,
-                        H, K, R, HK * K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, False, INTERPRET)
+    store_delta_inputs(recv_ptr, recb_ptr, slot, cur, i_h, o_v, mask_v, vv, tl.load(p + 2 * K + 2 * BR + 1), i_v, H,
+                       V, R)
 
 
 @triton.jit
@@ -325,7 +256,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
-    fbk = check_flush_block_k(tuning.flush_block_k, Dk)
+    check_whole_row_flush(tuning.flush_block_k, Dk)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("kda", method, slots, lv, nw, tuning.flush_warps,
                                                                       flush_list)
@@ -337,12 +268,13 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=frows, nflush_ptr=nflush,
             # the layer's state: checkpoint, read copy and its scales, the records
             ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
-            recg_ptr=lv.rec_g,
+            recg_ptr=lv.rec_g, recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta,
             scale=scale, seed=lv.seed, layer=lv.layer, min_rows=min_rows,
             H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(Dk), BR=BR,
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
-            QK_ROW=qk_row, V_ROW=v_row, FLUSH_BLOCK_K=fbk, NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp,
-            FLUSH_ONLY=method == "split", num_warps=nw)
+            QK_ROW=qk_row, V_ROW=v_row, NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp,
+            FLUSH_ONLY=method == "split",
+            FLUSH_SUB=flush_sub_rows(BV, Dk, nw, lv.rc_mode == RC_NVFP4), num_warps=nw)
     if method == "split":
         prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
         _kda_decode_prep_kernel[(H, B)](q_ptr=q, k_ptr=k, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
@@ -353,7 +285,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         rnw = num_warps or default_warps(B, H)
         _kda_decode_read_kernel[(cdiv(Dv, rbv), H, B)](
             v_ptr=v, out_ptr=out, slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs,
-            rgs_ptr=rgs, recd_ptr=lv.rec_d, prep_ptr=prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv,
+            rgs_ptr=rgs, recd_ptr=lv.rec_d, recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta, prep_ptr=prep, H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=rbv,
             BKC=block_k or chunk_k(Dk), BR=BR, READ_COPY=lv.rc_mode, V_ROW=v_row, NUM_STAGES=check_stages(stages),
             num_warps=rnw)
     join_stream(side)
@@ -385,11 +317,12 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 def fold(pool, layer, slots, counts, *, tuning=None):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
-    in one launch (layer None); counts 0 = no-op (fold.fold with the per-channel-decay kernel)."""
-    fold_records(pool, layer, slots, counts, _kda_fold_kernel, tuning)
+    in one launch (layer None); counts 0 = no-op (fold.fold with the exact delta-rule fold kernel, per-channel
+    decays)."""
+    fold_records(pool, layer, slots, counts, _delta_fold_kernel, tuning)
 
 
 def commit(pool, slots, accepted, *, tuning=None):
-    """A chain commit's device work (fold.commit with the per-channel-decay fold kernel): rows whose cursor +
+    """A chain commit's device work (fold.commit with the exact delta-rule fold kernel): rows whose cursor +
     accepted drafts reach the window fold every layer, then the pointers move."""
-    commit_records(pool, slots, accepted, _kda_fold_kernel, tuning)
+    commit_records(pool, slots, accepted, _delta_fold_kernel, tuning)

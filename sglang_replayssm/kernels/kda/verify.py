@@ -8,6 +8,7 @@ import triton.language as tl
 from ..checks import (cdiv, check, check_block_k, check_slots, check_tensor, chunk_k, launch_stages, next_pow2,
                       output_tensor, token_inputs)
 from ..drafts import delta_solve, draft_chunk, draft_inv_norms, draft_structure, store_draft_d
+from ..delta_fold import store_draft_inputs
 from ..layer_views import layer_views
 from ..math_helpers import softplus
 from ..quant_tiles import load_state_chunk
@@ -61,12 +62,13 @@ def _kda_draft_terms(q_ptr, k_ptr, a_ptr, dtb_ptr, recg_ptr, reck_base, qk_rows,
 
 @triton.jit
 def _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
-                       recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                       recg_ptr, recv_ptr, recb_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                        T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, V_ROW: tl.constexpr):
     """The drafts' part of a KDA verify, given S'_t q_t (SQ) and S'_t k_t (SK) [BT, BV] of the
     committed state and the draft products PQ, PK (_kda_draft_terms): the within-draft delta rule by
-    forward substitution, the outputs and the T draft records (d, g, normalised k) at cursor.."""
+    forward substitution, the outputs and the T draft records (d, the raw v and beta, g, normalised k) at
+    cursor.."""
     Vd = tl.load(v_ptr + tok[:, None] * V_ROW + i_h * V + o_v[None, :],
                  mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     beta = tl.sigmoid(tl.load(b_ptr + tok * H + i_h, mask=mask_t, other=0.0).to(tl.float32))
@@ -75,6 +77,7 @@ def _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, o
     tl.store(out_ptr + (tok[:, None] * H + i_h) * V + o_v[None, :], O.to(out_ptr.dtype.element_ty),
              mask=mask_t[:, None] & mask_v[None, :])
     pos, mpos = store_draft_d(recd_ptr, Dd, slot, cur, i_h, o_t, mask_t, o_v, mask_v, H, V, R)
+    store_draft_inputs(recv_ptr, recb_ptr, Vd, beta, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v, H, V, R)
     if i_v == 0:
         for c in range(K // BKC):
             o_kc = c * BKC + tl.arange(0, BKC)
@@ -90,7 +93,7 @@ def _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, o
 @triton.jit
 def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr,
                        slots_ptr, cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
-                       recd_ptr, reck_ptr, recg_ptr, scale,
+                       recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr, scale,
                        H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        R: tl.constexpr, T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                        BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr,
@@ -128,7 +131,7 @@ def _kda_verify_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par
     SQ = tl.sum(aq, axis=2) + tl.sum(KrQ[:, :, None] * Dr[:, None, :], axis=0)
     SK = tl.sum(ak, axis=2) + tl.sum(KrK[:, :, None] * Dr[:, None, :], axis=0)
     _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
-                       recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                       recg_ptr, recv_ptr, recb_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
                        H, HK, K, V, R, T, BT, BV, BKC, V_ROW)
 
 
@@ -171,7 +174,8 @@ def _unpad_rows(x, R: tl.constexpr, N: tl.constexpr, C: tl.constexpr):
 
 @triton.jit
 def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, par_ptr, out_ptr, slots_ptr,
-                           cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, scale,
+                           cursor_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr, recv_ptr,
+                           recb_ptr, scale,
                            H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
                            T: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                            READ_COPY: tl.constexpr, HAS_PARENTS: tl.constexpr, EPS: tl.constexpr,
@@ -210,7 +214,7 @@ def _kda_verify_mma_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr,
     SX = _unpad_rows(tl.trans(SX), 2 * BT, X_ROWS, BV)                      # [2BT, BV]
     SQ, SK = tl.split(tl.permute(tl.reshape(SX, [2, BT, BV]), (1, 2, 0)))
     _kda_drafts_finish(SQ, SK, PQ, PK, rk, alog, v_ptr, a_ptr, b_ptr, dtb_ptr, out_ptr, k_ptr, recd_ptr, reck_ptr,
-                       recg_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
+                       recg_ptr, recv_ptr, recb_ptr, reck_base, qk_rows, tok, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v,
                        H, HK, K, V, R, T, BT, BV, BKC, V_ROW)
 
 
@@ -254,7 +258,7 @@ def verify(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, parent
         par_ptr=parents if parents is not None else slots, out_ptr=out,
         # the rows and the layer's state
         slots_ptr=slots, cursor_ptr=lv.cursor, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs,
-        recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, scale=scale,
+        recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta, scale=scale,
         H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, T=T, BT=next_pow2(T), BV=BV,
         BKC=check_block_k(tuning.block_k, Dk) or chunk_k(Dk, 16), BR=max(16, next_pow2(lv.window)),
         READ_COPY=lv.rc_mode, HAS_PARENTS=parents is not None, EPS=L2_EPS, QK_ROW=qk_row, V_ROW=v_row,
