@@ -268,6 +268,10 @@ def run_family(model_dir, family: str, text: torch.Tensor, args, device) -> dict
                 entry["kl_at_1k"] = m[k1[0]]
                 entry["kl_longest"] = m[-1]
                 entry["longest_over_1k"] = m[-1] / m[k1[0]] if m[k1[0]] > 0 else float("inf")
+                # the same ratio stream by stream: its spread says how much of it is the text, not the length
+                (a1, b1), (aL, bL) = bks[k1[0]], bks[-1]
+                first, last = kl[c][:, a1:b1].double().mean(1), kl[c][:, aL:bL].double().mean(1)
+                entry["longest_over_1k_streams"] = (last / first.clamp_min(1e-30)).tolist()
         res["configs"][name] = entry
     return res
 

@@ -81,7 +81,7 @@ def make_pool(geo, nslots, read_copy="none", record_dtype=torch.float32):
     p.rec_d.normal_()
     p.rec_k.copy_(torch.nn.functional.normalize(torch.randn(p.rec_k.shape, device=DEV), dim=-1))
     p.rec_g.uniform_(-0.2, -0.01)
-    if p.rec_v is not None:   # a delta family's raw inputs (its exact fold replays them)
+    if getattr(p, "rec_v", None) is not None:   # a delta family's raw inputs (its exact fold replays them)
         p.rec_v.normal_()
         p.rec_beta.uniform_(0.0, 1.0)
     return p
@@ -143,10 +143,13 @@ def bytes_replay(geo, B, rc="none", rb=4):
     E = H * Dv * Dk
     gk = Dk if geo["family"] == "kda" else 1
     rec = H * Dv * rb + Hk * Dk * rb + H * gk * 4
+    # a delta family's record also keeps its raw v (the activations' dtype) and beta, written every step and read by
+    # the flush in place of d
+    inputs = 0 if geo["family"] == "mamba2" else H * Dv * torch.finfo(ACT).bits // 8 + H * 4
     rcb = {"none": 0, "fp8": E + H * Dv * 4}[rc]
     tot = 0.0
     for c in range(L):
-        b = c * rec + rec + io_bytes(geo)  # read c records, write one, inputs/outputs
+        b = c * rec + rec + inputs + io_bytes(geo)  # read c records, write one, inputs/outputs
         if c == L - 1:
             b += 2 * E * 4 + rcb          # flush: read fp32 ckpt, write ckpt (+ read copy)
         else:

@@ -15,7 +15,15 @@ from kernel_harness import (DEV, GEOMS, L, RESULTS, KernelTuning, bench_graph, b
 
 
 def _configs(spec):
-    return [tuple(int(v) for v in c.split("x")) for c in spec.split(",") if c]
+    """Configs BVxBKxWARPS[...] of a comma-separated spec; "default" is the library's own blocks (None)."""
+    return [None if c == "default" else tuple(int(v) for v in c.split("x")) for c in spec.split(",") if c]
+
+
+def _note(cfg) -> str:
+    if cfg is None:
+        return "the library's default blocks"
+    return ("bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
+            + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else "") + (f"_fw{cfg[5]}" if len(cfg) > 5 and cfg[5] else ""))
 
 
 def sweep(args):
@@ -49,14 +57,12 @@ def sweep(args):
             pool = make_pool(geo, B, read_copy=rc)
             nb = bytes_replay(geo, B, rc)
             for method in args.sweep_decode_methods.split(","):
+                method = None if method == "default" else method   # default: the library's decode_plan picks
                 for cfg in _configs(args.sweep_decode):
                     ms = timed(bench_graph, run_replay_ours(geo, pool, slots, inp, curs, cfg, method), 60)
                     record(geo=geo["name"], B=B, kernel=f"sweep_decode_{'fp32' if rc == 'none' else rc}"
-                           + (f"_{method}" if method else ""), config=list(cfg), ms=ms,
-                           GBps=nb / ms / 1e6 if ms else None,
-                           note="bv{}_bk{}_w{}".format(*cfg) + (f"_s{cfg[3]}" if len(cfg) > 3 and cfg[3] else "")
-                           + (f"_fbk{cfg[4]}" if len(cfg) > 4 and cfg[4] else "")
-                           + (f"_fw{cfg[5]}" if len(cfg) > 5 and cfg[5] else ""))
+                           + (f"_{method}" if method else ""), config=None if cfg is None else list(cfg), ms=ms,
+                           GBps=nb / ms / 1e6 if ms else None, note=_note(cfg))
             # the peer on the same rows and inputs (its ring positions spread as ours); SGLang has no ReplaySSM
             # decode for Mamba-2, so that family has no peer row
             if args.sweep_peer and rc == "none" and geo["family"] != "mamba2":

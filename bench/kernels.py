@@ -49,11 +49,11 @@ def main():
                     "32x64x1x0x32,32x128x2x0x32,64x128x4x0x32",
                     help="decode configs BVxBKxWARPS[xSTAGES[xFLUSH_BK[xFLUSH_WARPS]]] (STAGES: software-pipelined "
                          "state loop; FLUSH_BK: column chunk of flush rows; FLUSH_WARPS: warps of the split decode's "
-                         "flush launch; 0 = default)")
+                         "flush launch; 0 = default), or default (the library's blocks)")
     ap.add_argument("--sweep-peer", action="store_true",
                     help="the sweep also times SGLang's ReplaySSM decode (GDN, KDA) at the sweep batch, same harness")
     ap.add_argument("--sweep-decode-methods", default="fused,split",
-                    help="decode methods to sweep, comma-separated (fused, split)")
+                    help="decode methods to sweep, comma-separated (fused, split, default: the library's choice)")
     ap.add_argument("--sweep-verify", default="16x16x1,16x16x2,32x16x2,32x16x4,32x32x4,64x16x4,64x16x8,"
                     "32x32x8,64x32x8,128x16x8", help="verify configs BVxBKxWARPS[xSTAGES] (STAGES: mma launches only)")
     ap.add_argument("--sweep-verify-T", default="4,8",
@@ -70,9 +70,9 @@ def main():
                     help="commit fold configs BVxBKxWARPS (the fold after a verify of the sweep's largest T with "
                          "every draft accepted: at T = 8 half the rows fold)")
     args = ap.parse_args()
-    bad = [m for m in args.sweep_decode_methods.split(",") if m not in ("fused", "split")]
+    bad = [m for m in args.sweep_decode_methods.split(",") if m not in ("fused", "split", "default")]
     if bad:
-        ap.error(f"--sweep-decode-methods: unknown method {bad[0]!r} (choose from fused, split)")
+        ap.error(f"--sweep-decode-methods: unknown method {bad[0]!r} (choose from fused, split, default)")
     bad = [r for r in args.sweep_read_copies.split(",") if r not in ("none", "fp8")]
     if bad:
         ap.error(f"--sweep-read-copies: unknown read copy {bad[0]!r} (choose from none, fp8)")

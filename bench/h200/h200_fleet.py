@@ -50,6 +50,7 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "gdn_ours_fp32": ("plugin", "qwen3_next", FP32_READ),
     "gdn_sglang_replayssm": ("stock", "qwen3_next", ["--enable-linear-replayssm"]),
     "gdn_ours_fp8": ("plugin", "qwen3_next", ["--replayssm-read-copy", "fp8"]),
+    "gdn_ours": ("plugin", "qwen3_next", []),   # the plugin's defaults (read copy auto: fp8 for GDN on this GPU)
     "m2_stock": ("stock", "nemotron_h", []),
     "m2_ours_fp32": ("plugin", "nemotron_h", FP32_READ),
     "m2_ours_fp8": ("plugin", "nemotron_h", ["--replayssm-read-copy", "fp8"]),
@@ -84,6 +85,7 @@ PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn
         [("gdn_stock_ngram_chain", n) for n in SERVERS if n.endswith("_ngram_chain") and n != "gdn_stock_ngram_chain"] + \
         [("m2_stock", n) for n in ("m2_ours_fp32", "m2_ours_fp8", "m2_ours")] + \
         [("gdn_sglang_replayssm", "gdn_ours_fp8"),   # where stock does not fit beside them (an H100)
+         ("gdn_sglang_replayssm", "gdn_ours"),
          ("gdn_sglang_replayssm_ngram", "gdn_ours_fp32_ngram")]
 CONCURRENCY = tuple(int(c) for c in ENV("FLEET_CONC", "64,256").split(","))
 INPUT_LEN, OUTPUT_LEN = int(ENV("FLEET_IN", "512")), int(ENV("FLEET_OUT", "256"))

@@ -25,6 +25,11 @@
 #   PHASE=radix    the radix cache on (a user's default): stock and ours with extra_buffer and the overlap scheduler,
 #                  SGLang --enable-linear-replayssm with no_buffer (it refuses extra_buffer; no_buffer needs the
 #                  overlap scheduler off), without drafts, alone, tokens, rows c1 x 24 and c128 x 512 twice
+#   PHASE=default  the plugin's defaults (gdn_ours: the read copy auto) and SGLang --enable-linear-replayssm on the
+#                  full-depth Qwen3-Next-shaped checkpoint without echo (random weights: a non-echo text); greedy tokens
+#                  and top-5 logprobs of ours against SGLang's ReplaySSM (stock does not fit beside them on an 80 GB
+#                  card); PHASE=default_rows then: c128 x 256 prompts (1024 / 512), the servers interleaved, twice
+#                  (DEFAULT_SET: other servers)
 #   PHASE=m2       the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock, ours (defaults) and ours with the fp8 read copy without drafts, tokens + logprobs,
 #                  (PROF=1: a profile of each at 128 running), rows c128 x 512 and c1 x 24 prompts
@@ -45,6 +50,7 @@ export FLEET_EXTRA="--disable-prefill-cuda-graph --enable-metrics" FLEET_STAGGER
 CHAIN=gdn_stock_ngram_chain,gdn_sglang_replayssm_ngram_chain,gdn_ours_fp32_ngram_chain
 M2=${M2_SET:-m2_stock,m2_ours_fp32,m2_ours_fp8}   # M2_SET: fewer, for a card that holds two (an H100)
 RADIX=gdn_stock_radix,gdn_sglang_replayssm_radix,gdn_ours_fp32_radix
+DEFAULT=${DEFAULT_SET:-gdn_sglang_replayssm,gdn_ours}
 stop_others() {   # NAMES (comma-separated): stop every server this machine's fleet started but those, to free the card
   [ -f $STATE/servers.json ] || return 0
   $F stop $STATE $(python3 -c "import json,sys;print(' '.join(n for n in json.load(open('$STATE/servers.json')) if n not in sys.argv[1].split(',')))" "$1")
@@ -118,6 +124,17 @@ chain)
 radix)
   serve $RADIX qwen3_next 240
   bench_rows $RADIX
+  ;;
+default)
+  stop_others $DEFAULT
+  [ -f /tmp/plain_full/qwen3_next/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
+    "$H/ckpt" /tmp/plain_full --depth full --family qwen3_next)
+  FLEET_ONLY=$DEFAULT $F start /tmp/plain_full $STATE
+  FLEET_ONLY=$DEFAULT $F tokens $STATE $(( $(left) - 30 ))
+  $F report $STATE "$OUT"
+  ;;
+default_rows)
+  bench_rows $DEFAULT 128 128:256 2
   ;;
 m2)
   serve $M2 nemotron_h 200
