@@ -28,7 +28,7 @@
 #   PHASE=default  the plugin's defaults (gdn_ours: the read copy auto) and SGLang --enable-linear-replayssm on the
 #                  full-depth Qwen3-Next-shaped checkpoint without echo (random weights: a non-echo text); greedy tokens
 #                  and top-5 logprobs of ours against SGLang's ReplaySSM (stock does not fit beside them on an 80 GB
-#                  card); PHASE=default_rows then: c128 x 256 prompts (1024 / 512), the servers interleaved, twice
+#                  card); then c128 x 448 prompts (1024 / 512, DEFAULT_PROMPTS), the servers interleaved, twice
 #                  (DEFAULT_SET: other servers)
 #   PHASE=m2       the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock, ours (defaults) and ours with the fp8 read copy without drafts, tokens + logprobs,
@@ -130,11 +130,9 @@ default)
   [ -f /tmp/plain_full/qwen3_next/model.safetensors ] || (cd /tmp && python3 -m sglang_replayssm.gpu_harness.wide_checkpoints \
     "$H/ckpt" /tmp/plain_full --depth full --family qwen3_next)
   FLEET_ONLY=$DEFAULT $F start /tmp/plain_full $STATE
-  FLEET_ONLY=$DEFAULT $F tokens $STATE $(( $(left) - 30 ))
+  FLEET_ONLY=$DEFAULT $F tokens $STATE 240
   $F report $STATE "$OUT"
-  ;;
-default_rows)
-  bench_rows $DEFAULT 128 128:256 2
+  bench_rows $DEFAULT 128 128:${DEFAULT_PROMPTS:-448} 2
   ;;
 m2)
   serve $M2 nemotron_h 200

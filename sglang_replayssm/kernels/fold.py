@@ -11,7 +11,7 @@ from .constants import FOLD_PREC, INTERPRET, RC_NVFP4
 from .layer_views import LayerViews, layer_views
 from .quant_tiles import read_copy_scales, store_state_chunk, store_state_tile
 from .replay import weighted_records
-from .tuning import FOLD_TUNED, check_tuning
+from .tuning import FOLD_TUNED, check_tuning, flush_sub_rows
 
 @triton.jit
 def fold_layer_head(layer, H: tl.constexpr):
@@ -117,6 +117,19 @@ def fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v
                               idx_base, K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
         return
     Dw, o_r, mr = weighted_records(recd_base, recg_base, cnt, gtot, o_v, mask_v, REC_D_STRIDE, REC_G_STRIDE, BR)
+    fold_store_dw(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, reck_base, Dw, o_r, mr, gtot, alpha,
+                  dcur, k_row, rk, seed, stream, idx_base, REC_K_STRIDE, K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT,
+                  HAS_CUR, INTERPRET)
+
+
+@triton.jit
+def fold_store_dw(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, i_head, o_v, mask_v, reck_base, Dw, o_r, mr, gtot,
+                  alpha, dcur, k_row, rk, seed, stream, idx_base, REC_K_STRIDE: tl.constexpr, K: tl.constexpr,
+                  BKC: tl.constexpr, BV: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
+                  SHARED_QUANT: tl.constexpr, HAS_CUR: tl.constexpr, INTERPRET: tl.constexpr):
+    """fold_store's tensor-core path with the weighted records given: Dw [BR, BV] = d_j w_j of records o_r (mask
+    mr); a delta family's exact fold passes the d's it solved from the checkpoint (delta_fold.gdn_exact_d)."""
+    rows = head_rows + o_v
     if READ_COPY != 0 and BKC == K:
         o_k = tl.arange(0, K)
         S = _new_state_chunk(ckpt_ptr, head_rows, o_v, mask_v, o_k, reck_base, Dw, o_r, mr, gtot, alpha, dcur,
@@ -223,20 +236,25 @@ def _launch_fold(pool, lv: LayerViews, layer: int | None, slots, counts, B: int,
     block_v, block_k, num_warps = tuning.block_v, tuning.block_k, tuning.num_warps
     nl = int(pool.ckpt.shape[0]) if layer is None else 1
     check_block_k(block_k, lv.Dk)
-    delta = lv.rec_v is not None   # the delta families replay whole rows (delta_fold._delta_fold_kernel)
-    check(not delta or block_k in (None, lv.Dk),
+    delta = lv.rec_v is not None   # the delta families' exact fold (delta_fold._delta_fold_kernel)
+    whole_rows = lv.family == "kda"   # KDA's replay holds whole state rows
+    check(not whole_rows or block_k in (None, lv.Dk),
           f"the {lv.family} fold replays whole state rows: block_k must be None or head_k_dim {lv.Dk}, got {block_k}")
     if block_v is None and block_k is None and num_warps is None:
         block_v, block_k, num_warps, _why = FOLD_TUNED[lv.family]
     BV, num_warps = block_knobs(block_v, num_warps, 16, 4)
-    BKC = lv.Dk if delta else chunk_k(lv.Dk, min(block_k, lv.Dk)) if block_k else chunk_k(lv.Dk)
+    BKC = lv.Dk if whole_rows else chunk_k(lv.Dk, min(block_k, lv.Dk)) if block_k else chunk_k(lv.Dk)
     if lv.rc_mode == RC_NVFP4:  # the per-head global scale needs the whole head in one program
-        BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), lv.Dk if delta else 16, max(num_warps, 8)
+        BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), lv.Dk if whole_rows else 16, max(num_warps, 8)
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
     check(lv.H * nl <= 65535, f"a fold launch covers at most 65535 (layer, head) pairs, got {nl} x {lv.H}")
     grid = (cdiv(lv.Dv, BV), lv.H * nl, B)
-    inputs = dict(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta, PER_CHANNEL=lv.family == "kda") if delta else {}
+    inputs = {}
+    if delta:
+        kda = lv.family == "kda"
+        inputs = dict(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta, PER_CHANNEL=kda,
+                      SUB=flush_sub_rows(BV, lv.Dk, num_warps, lv.rc_mode == RC_NVFP4, kda))
     kernel[grid](slots_ptr=slots, counts_ptr=counts, cursor_ptr=lv.cursor, folded_ptr=lv.folded, ckpt_ptr=lv.ckpt,
                  rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, **inputs,
                  seed=lv.seed, layer=lv.layer, S=lv.num_slots,

@@ -209,10 +209,11 @@ FOLD_TUNED = {
 # every step, staggered cursors), by family; each folds ceil(count / that) of the listed rows, one after the
 # other (flush_rows_min), so the flush holds fewer of each SM's registers and the read launch beside it gets
 # more. More flush rows than usual (a burst) put more row programs to work, up to all of them, so a burst is
-# folded as parallel as when every row program works. A family not listed: every row program works (KDA:
-# its heavier fold measured 7 % slower with 2). H200, B = 256 (2026-11-30 17:25): GDN fp8 0.1249 -> 0.1216 ms,
-# Mamba-2 Super fp32 0.3441 -> 0.3298, Nano fp32 0.3268 -> 0.3153.
-FLUSH_PROGRAMS = {"gdn": 2, "mamba2": 1}
+# folded as parallel as when every row program works. H200, B = 256 (2026-11-30 17:25): Mamba-2 Super fp32 0.3441
+# -> 0.3298 ms, Nano fp32 0.3268 -> 0.3153. A family not listed: every row program works (KDA: its heavier fold
+# measured 7 % slower with 2; GDN since its fold replays the window exactly, kernels/delta_fold.py: 2 programs
+# folding 8 rows each one after the other made its split decode 1.7x slower on an H100 at B = 256).
+FLUSH_PROGRAMS = {"mamba2": 1}
 
 
 def flush_rows_min(family: str, B: int, window: int) -> int:
@@ -221,6 +222,22 @@ def flush_rows_min(family: str, B: int, window: int) -> int:
     of them busy."""
     a = FLUSH_PROGRAMS.get(family)
     return 1 if a is None else max(1, cdiv(cdiv(B, window), a))
+
+
+def flush_sub_rows(BV: int, Dk: int, num_warps: int, nvfp4: bool, per_channel: bool) -> int:
+    """The value rows a delta family's fold replays at once (delta_fold: delta_flush_rows' and _delta_fold_kernel's
+    SUB; not measured: the GDN chunk form's dots need >= 16 rows, and the KDA replay spilled to the stack above ~32
+    elements a thread in the sm90 compile check, tests/kernels/test_compile_sm90.py): NVFP4
+    BV (its per-head scale); GDN 16 (its chunk form's dots want 16 rows); KDA about 32 fp32 state elements per thread
+    (a [SUB, Dk] tile over num_warps warps), at least 2 and at most BV."""
+    if nvfp4:
+        return BV
+    if not per_channel:
+        return min(BV, 16)
+    sub = 2
+    while sub * 2 <= BV and sub * 2 * Dk <= 1024 * num_warps:
+        sub *= 2
+    return sub
 
 
 # Warps of the split decode's prep launch (one small program per row and k-head / group / head): one warp

@@ -9,8 +9,8 @@ import triton.language as tl
 from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_whole_row_flush, chunk_k, next_pow2,
                       output_tensor, token_inputs)
 from ..constants import INTERPRET, RC_NVFP4
-from ..delta_fold import _delta_fold_kernel, delta_flush_rows, flush_sub_rows, store_delta_beta, store_delta_inputs
-from ..fold import commit as commit_records, fold as fold_records
+from ..delta_fold import _delta_fold_kernel, gdn_exact_d, gdn_window, store_delta_inputs
+from ..fold import commit as commit_records, fold as fold_records, fold_store_dw
 from ..layer_views import layer_views
 from ..quant_tiles import state_tile
 from ..replay import load_records, record_key_products, replay_pass, ring_program, ring_row
@@ -36,7 +36,7 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
                     R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
                     INTERPRET: tl.constexpr, REDUCE_ONCE: tl.constexpr, NUM_STAGES: tl.constexpr,
-                    QK_ROW: tl.constexpr, V_ROW: tl.constexpr, FLUSH_SUB: tl.constexpr):
+                    QK_ROW: tl.constexpr, V_ROW: tl.constexpr, FOLD_BK: tl.constexpr):
     """The body of _gdn_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
     QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows)."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
@@ -47,24 +47,31 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     rq, rk, kq, g, beta = _gdn_scalars(q_row, k_row, a_ptr, b_ptr, alog_ptr, dtb_ptr, i_b, i_h, scale,
                                        H, K, EPS)
     alpha = tl.exp(g)
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    if is_flush:  # the window replayed from the fp32 checkpoint (its raw inputs), this token on it, stored
-        delta_flush_rows(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recv_ptr, recb_ptr, reck_ptr, recg_ptr, v_ptr,
-                         out_ptr, slot, i_b, i_h, i_hk, i_v, cur, q_row, k_row, rq, rk, alpha, beta, seed,
-                         tl.load(folded_ptr + slot) + cur + 1, layer, H, HK, K, V, R, BV, FLUSH_SUB, V_ROW, False,
-                         READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+    if is_flush:  # the window's exact d's from the fp32 checkpoint (its raw inputs), this token on it, stored
+        G, gtot, br, X = gdn_window(recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + slot * R * H + i_h, cur, H,
+                                    HK * K, H, K, FOLD_BK, BR)
+        D, sq0, sk0, kqr, kkr = gdn_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
+                                            reck_base, cur, G, br, X, q_row, k_row, rq, rk, H * V, HK * K, K, FOLD_BK,
+                                            BV, BR, True)
+        w = tl.where(mask_r, tl.exp(gtot - G), 0.0)
+        d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, tl.exp(gtot), D, w, beta, vv, kq)
+        fold_store_dw(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
+                      D * w[:, None], o_r, mask_r, gtot, alpha, d, k_row, rk, seed, tl.load(folded_ptr + slot) + cur + 1,
+                      (layer * H + i_h).to(tl.int64) * (V * K), HK * K, K, FOLD_BK, BV, READ_COPY, CKPT_SR,
+                      SHARED_QUANT, True, INTERPRET)
     else:  # S q and S k of the state before this token from the read copy (or checkpoint) and the records
-        vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
         Dr, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
-        sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, (slot * H + i_h) * V, slot * H + i_h, o_v,
+        sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
                                          mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
                                          HK * K, K, BKC, BV, BR, READ_COPY, True, REDUCE_ONCE, NUM_STAGES)
         d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, Dr, w, beta, vv, kq)
-        tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
-        # the record of this token at ring position cur: d and the raw v (beta, g, k below)
-        tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(recv_ptr + ((slot * R + cur) * H + i_h) * V + o_v, vv.to(recv_ptr.dtype.element_ty), mask=mask_v)
-    store_delta_beta(recb_ptr, slot, cur, i_h, beta, i_v, H, R)
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    # the record of this token at ring position cur: d, the raw v and beta, g, k
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+    store_delta_inputs(recv_ptr, recb_ptr, slot, cur, i_h, o_v, mask_v, vv, beta, i_v, H, V, R)
     if i_v == 0:
         tl.store(recg_ptr + (slot * R + cur) * H + i_h, g)
         if i_h % (H // HK) == 0:
@@ -82,7 +89,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr,
                        REDUCE_ONCE: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
                        NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
-                       FLUSH_ONLY: tl.constexpr = False, FLUSH_SUB: tl.constexpr = 2):
+                       FLUSH_ONLY: tl.constexpr = False, FOLD_BK: tl.constexpr = 32):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
     split_decode.flush_rows gives it (the split decode runs the other rows through _gdn_decode_prep_kernel +
@@ -94,12 +101,12 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                             slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                             reck_ptr, recg_ptr, recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV,
                             BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, NUM_STAGES,
-                            QK_ROW, V_ROW, FLUSH_SUB)
+                            QK_ROW, V_ROW, FOLD_BK)
     else:
         _gdn_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                         cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                         recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
-                        CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, NUM_STAGES, QK_ROW, V_ROW, FLUSH_SUB)
+                        CKPT_SR, SHARED_QUANT, EPS, INTERPRET, REDUCE_ONCE, NUM_STAGES, QK_ROW, V_ROW, FOLD_BK)
 
 
 @triton.jit
@@ -240,7 +247,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
             REDUCE_ONCE=nw >= 4 and (block_k or 32) <= 32, QK_ROW=qk_row, V_ROW=v_row,
             NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split",
-            FLUSH_SUB=flush_sub_rows(BV, Dk, nw, lv.rc_mode == RC_NVFP4), num_warps=nw)
+            FOLD_BK=16 if lv.rc_mode == RC_NVFP4 else chunk_k(Dk, min(Dk, 32)), num_warps=nw)
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
         _gdn_decode_prep_kernel[(Hk, B)](q_ptr=q, k_ptr=k, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,

@@ -10,14 +10,14 @@ import triton.language as tl
 from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_whole_row_flush, chunk_k, next_pow2,
                       output_tensor, token_inputs)
 from ..constants import INTERPRET, RC_NVFP4
-from ..delta_fold import _delta_fold_kernel, delta_flush_rows, flush_sub_rows, store_delta_beta, store_delta_inputs
+from ..delta_fold import _delta_fold_kernel, delta_flush_rows, store_delta_beta, store_delta_inputs
 from ..fold import commit as commit_records, fold as fold_records
 from ..layer_views import layer_views
 from ..math_helpers import softplus
 from ..quant_tiles import load_state_chunk
 from ..replay import ring_program, ring_row
 from ..split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
-from ..tuning import check_tuning, decode_plan, default_warps, KernelTuning, PREP_WARPS
+from ..tuning import check_tuning, decode_plan, default_warps, flush_sub_rows, KernelTuning, PREP_WARPS
 from .token import _block_v, _check_inputs, _kda_chunk, L2_EPS
 
 
@@ -52,8 +52,8 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     if is_flush:  # the window replayed from the fp32 checkpoint (its raw inputs), this token on it, stored
         delta_flush_rows(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recv_ptr, recb_ptr, reck_ptr, recg_ptr, v_ptr,
                          out_ptr, slot, i_b, i_h, i_hk, i_v, cur, q_row, k_row, rq, rk, tl.exp(g), beta, seed,
-                         tl.load(folded_ptr + slot) + cur + 1, layer, H, HK, K, V, R, BV, FLUSH_SUB, V_ROW, True,
-                         READ_COPY, CKPT_SR, SHARED_QUANT, INTERPRET)
+                         tl.load(folded_ptr + slot) + cur + 1, layer, H, HK, K, V, R, BV, FLUSH_SUB, V_ROW, READ_COPY,
+                         CKPT_SR, SHARED_QUANT, INTERPRET)
     else:  # S'q and S'k from the read copy (or checkpoint) and the records, column chunk by chunk
         vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
         Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
@@ -97,7 +97,7 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr, QK_ROW: tl.constexpr,
                        V_ROW: tl.constexpr, NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
-                       FLUSH_ONLY: tl.constexpr = False, FLUSH_SUB: tl.constexpr = 2):
+                       FLUSH_ONLY: tl.constexpr = False, FLUSH_SUB: tl.constexpr = 16):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
     split_decode.flush_rows gives it (the split decode runs the other rows through _kda_decode_prep_kernel +
@@ -274,7 +274,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
             QK_ROW=qk_row, V_ROW=v_row, NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp,
             FLUSH_ONLY=method == "split",
-            FLUSH_SUB=flush_sub_rows(BV, Dk, nw, lv.rc_mode == RC_NVFP4), num_warps=nw)
+            FLUSH_SUB=flush_sub_rows(BV, Dk, nw, lv.rc_mode == RC_NVFP4, True), num_warps=nw)
     if method == "split":
         prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
         _kda_decode_prep_kernel[(H, B)](q_ptr=q, k_ptr=k, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
