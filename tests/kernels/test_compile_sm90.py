@@ -30,7 +30,9 @@ EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kern
 # Bytes of per-thread stack frame (cuobjdump's STACK: register spills or local arrays) that these quick
 # configurations have with the CI's Triton (3.8); every other kernel must have none. (LOCAL, checked
 # below too, stays 0 even when ptxas spills: the spills live in the stack frame.)
-STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8,
+STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8, ("_delta_fold_kernel", "fold nvfp4"): 8,
+                 # GDN's fused decode with the exact flush's chunk form beside the read pass in one-warp programs
+                 ("_gdn_decode_kernel", "decode fp8"): 8, ("_gdn_decode_kernel", "decode fp16-sr"): 16,
                  # KDA's NVFP4 flush rows replay the whole head at once (the per-head global scale) with the
                  # per-channel decays beside it (kernels/delta_fold.py): 56 bytes with Triton 3.8
                  ("_kda_decode_kernel", "decode nvfp4"): 56,
