@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .constants import FOLD_PREC
-from .fold import fold_count, fold_layer_head, fold_store_dw
+from .fold import fold_program, fold_store_dw
 from .math_helpers import row_select
 from .quant_tiles import store_state_tile
 
@@ -195,20 +195,11 @@ def _delta_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, 
                        PER_CHANNEL: tl.constexpr, SUB: tl.constexpr):
     """fold._fold_kernel for the delta families: records 0..count-1 of each row replayed into its checkpoint
     (+ read copy) from their raw inputs (GDN: gdn_exact_d in BKC-column chunks; KDA: delta_replay, whole rows, SUB
-    at a time), for one
-    layer or several (fold.fold_layer_head; S: the pool's slots). count 0: no-op. FROM_ACCEPTED: counts_ptr holds a
-    commit's accepted drafts and the count is fold.fold_count's. recd_ptr is not read."""
-    i_v = tl.program_id(0)
-    i_b = tl.program_id(2)
-    layer, i_h, l = fold_layer_head(layer, H)
-    cnt = tl.load(counts_ptr + i_b)
-    row = tl.load(slots_ptr + i_b).to(tl.int64)
-    if FROM_ACCEPTED:
-        cnt = fold_count(cursor_ptr, row, cnt, WINDOW)
+    at a time), for one layer or several (fold.fold_program; S: the pool's slots). count 0: no-op. FROM_ACCEPTED:
+    counts_ptr holds a commit's accepted drafts. recd_ptr is not read."""
+    i_v, layer, i_h, i_hk, cnt, stream, slot = fold_program(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, layer, S,
+                                                            H, HK, WINDOW, FROM_ACCEPTED)
     if cnt > 0:
-        i_hk = i_h // (H // HK)
-        stream = tl.load(folded_ptr + row) + cnt
-        slot = row + l * S                   # in the first layer's views
         head_rows = (slot * H + i_h) * V
         recv_base, recb_base, reck_base, recg_base = delta_head_bases(recv_ptr, recb_ptr, reck_ptr, recg_ptr, slot,
                                                                       i_h, i_hk, H, HK, K, V, R, PER_CHANNEL)

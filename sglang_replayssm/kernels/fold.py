@@ -32,6 +32,23 @@ def fold_count(cursor_ptr, row, acc, WINDOW: tl.constexpr):
 
 
 @triton.jit
+def fold_program(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, layer, S, H: tl.constexpr, HK: tl.constexpr,
+                 WINDOW: tl.constexpr, FROM_ACCEPTED: tl.constexpr):
+    """A fold program's coordinates (value block program_id(0), (layer, head) program_id(1), row program_id(2)):
+    (value block, layer, head, k-head, the row's fold count (fold_count's with FROM_ACCEPTED), its stochastic-rounding
+    stream after the fold, the row's slot in the first layer's views)."""
+    i_v = tl.program_id(0)
+    i_b = tl.program_id(2)
+    layer, i_h, l = fold_layer_head(layer, H)
+    cnt = tl.load(counts_ptr + i_b)
+    row = tl.load(slots_ptr + i_b).to(tl.int64)
+    if FROM_ACCEPTED:
+        cnt = fold_count(cursor_ptr, row, cnt, WINDOW)
+    stream = tl.load(folded_ptr + row) + cnt
+    return i_v, layer, i_h, i_h // (H // HK), cnt, stream, row + l * S
+
+
+@triton.jit
 def _advance_kernel(slots_ptr, acc_ptr, cursor_ptr, folded_ptr, B, WINDOW: tl.constexpr, BLOCK: tl.constexpr):
     """A commit's pointer move, after its fold: cursor += acc, and a row that reached the window restarts at 0
     with folded += its new count (the fold's records). Rows are distinct slots, or padding rows (acc 0) that
@@ -178,17 +195,9 @@ def _fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr
     (fold_layer_head; S: the pool's slots). count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's
     accepted drafts and the count is fold_count's. Mamba-2, whose records d = u depend on no state: the
     delta families fold exactly from their records' raw inputs instead (delta_fold._delta_fold_kernel)."""
-    i_v = tl.program_id(0)
-    i_b = tl.program_id(2)
-    layer, i_h, l = fold_layer_head(layer, H)
-    cnt = tl.load(counts_ptr + i_b)
-    row = tl.load(slots_ptr + i_b).to(tl.int64)
-    if FROM_ACCEPTED:
-        cnt = fold_count(cursor_ptr, row, cnt, WINDOW)
+    i_v, layer, i_h, i_hk, cnt, stream, slot = fold_program(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, layer, S,
+                                                            H, HK, WINDOW, FROM_ACCEPTED)
     if cnt > 0:
-        i_hk = i_h // (H // HK)
-        stream = tl.load(folded_ptr + row) + cnt
-        slot = row + l * S                   # in the first layer's views
         o_v = i_v * BV + tl.arange(0, BV)
         o_r = tl.arange(0, BR)
         mask_v = o_v < V
