@@ -69,6 +69,11 @@ METRICS: tuple[Metric, ...] = (
            "Mean committed records / window over the sequences holding a slot (0..1).",
            "after the last decode or verify step, over its sequences: records committed and not yet folded "
            "/ window (0 right after a flush)"),
+    Metric("replayssm:slot_bytes", "gauge", "bytes",
+           "Device bytes of one sequence's SSM state slot (checkpoint, read copy, record ring, conv window).",
+           "the pool's bytes per slot, every SSM layer, on this TP rank (its shard of the heads); times the slots "
+           "in use over the running requests (sglang:mamba_used_tokens / sglang:num_running_reqs on SGLang) it is "
+           "the SSM state a running request costs"),
     Metric("replayssm:draft_tokens", "counter", "tokens", "Speculative draft tokens proposed",
            "draft tokens the native engine's drafter proposed for verify", (NATIVE,)),
     Metric("replayssm:accepted_draft_tokens", "counter", "tokens", "Speculative draft tokens accepted",

@@ -135,7 +135,7 @@ class Engine:
                 "pool_usage": len(self.running) / total, "cached_prefixes": self.cache.hashes(),
                 "cached_prefix_blocks": {"block_chars": BLOCK_CHARS, "prefixes": self.cache.block_lists()},
                 "prefix_cache_hits": self.cache.hits, "prefix_cache_hit_tokens": self.cache.hit_tokens,
-                "gen_throughput": self.throughput(),
+                "slot_bytes": self.pool.bytes_per_slot(), "gen_throughput": self.throughput(),
                 "time": time.time()}
 
     def info(self) -> dict:

@@ -220,6 +220,7 @@ class ReplayMambaPool(_SGLangMambaPool):
         theirs_spec = drafts * nl * cache_params.shape.temporal[0] * cache_params.shape.temporal[1] \
             * cache_params.shape.temporal[2] * self._ssm_itemsize
         self.mem_usage = (ours * (size + 1) + _tensor_bytes(self._intermediate_conv_window_phys)) / (1 << 30)
+        metrics.set_gauge("replayssm:slot_bytes", ours)
         budget = (size + 1) * (theirs_slot + theirs_spec)
         logger.info(
             "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens, ops %s), per TP "

@@ -225,6 +225,9 @@ def test_metrics_parse_and_move(server, client):
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == 20
     moved = after["replayssm:state_bytes_read_total"] + after["replayssm:state_bytes_written_total"]
     assert moved < after["replayssm:conventional_state_bytes_total"]
+    # a slot's bytes, as the engine's own configuration states them
+    info = json.loads(get(server[0] + "/get_server_info")[1])
+    assert after["replayssm:slot_bytes"] == info["state_bytes_per_sequence"] > 0
 
 
 def test_disconnected_stream_frees_its_slot(server):

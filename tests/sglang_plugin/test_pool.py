@@ -52,6 +52,19 @@ def test_start_log_compares_capacity_with_sglang_scheme(caplog):
     assert fits > 8
 
 
+def test_slot_bytes_gauge_is_the_pools_price_of_a_slot():
+    """replayssm:slot_bytes: checkpoint, read copy, record ring (a GDN record's raw v and beta too) and conv window of
+    one slot, as the pool allocated them (its tensors over size + 1 slots)."""
+    from sglang_replayssm.sglang_plugin import metrics
+
+    with replayssm(read_copy="fp8"):
+        pool = make_req_pool("gdn", size=5, drafts=4).mamba_pool
+    conv = sum(c[:, 0].numel() * c.element_size() for c in pool.mamba_cache.conv)
+    total = sum(t.numel() * t.element_size() for t in pool.replay._per_slot_tensors())
+    assert metrics.metrics()["replayssm:slot_bytes"]._value.get() == pool.replay.bytes_per_slot() + conv
+    assert pool.replay.bytes_per_slot() == total // 6 + 4 + 8 and pool.replay.rec_v is not None
+
+
 def test_fp16_sr_checkpoint_is_sglang_temporal():
     with replayssm(ckpt_precision="fp16-sr", read_copy="nvfp4"):
         pool = make_req_pool("gdn", size=2).mamba_pool
