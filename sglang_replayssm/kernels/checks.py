@@ -151,14 +151,6 @@ def check_flush_block_k(flush_block_k, Dk: int) -> int:
     return check_block_k(flush_block_k, Dk, "flush_block_k")
 
 
-def check_whole_row_flush(flush_block_k, Dk: int) -> None:
-    """The delta families' decode wrappers' `flush_block_k`: their flush rows replay the window's raw inputs over
-    whole state rows (delta_fold.py), so None or head_k_dim."""
-    check(flush_block_k is None or flush_block_k == Dk,
-          f"GDN / KDA flush rows replay whole state rows: flush_block_k must be None or head_k_dim {Dk}, "
-          f"got {flush_block_k!r}")
-
-
 def launch_stages(stages) -> dict:
     """The verify wrappers' `stages`: None (Triton's default software pipelining of the column loop) or
     the launch's num_stages, 1 (none) to 4; returned as launch keyword arguments."""

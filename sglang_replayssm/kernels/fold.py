@@ -11,7 +11,7 @@ from .constants import FOLD_PREC, INTERPRET, RC_NVFP4
 from .layer_views import LayerViews, layer_views
 from .quant_tiles import read_copy_scales, store_state_chunk, store_state_tile
 from .replay import weighted_records
-from .tuning import FOLD_TUNED, check_tuning, flush_sub_rows
+from .tuning import FOLD_TUNED, check_tuning, fold_gram_columns
 
 @triton.jit
 def fold_layer_head(layer, H: tl.constexpr):
@@ -245,25 +245,20 @@ def _launch_fold(pool, lv: LayerViews, layer: int | None, slots, counts, B: int,
     block_v, block_k, num_warps = tuning.block_v, tuning.block_k, tuning.num_warps
     nl = int(pool.ckpt.shape[0]) if layer is None else 1
     check_block_k(block_k, lv.Dk)
-    delta = lv.rec_v is not None   # the delta families' exact fold (delta_fold._delta_fold_kernel)
-    whole_rows = lv.family == "kda"   # KDA's replay holds whole state rows
-    check(not whole_rows or block_k in (None, lv.Dk),
-          f"the {lv.family} fold replays whole state rows: block_k must be None or head_k_dim {lv.Dk}, got {block_k}")
     if block_v is None and block_k is None and num_warps is None:
         block_v, block_k, num_warps, _why = FOLD_TUNED[lv.family]
     BV, num_warps = block_knobs(block_v, num_warps, 16, 4)
-    BKC = lv.Dk if whole_rows else chunk_k(lv.Dk, min(block_k, lv.Dk)) if block_k else chunk_k(lv.Dk)
+    BKC = chunk_k(lv.Dk, min(block_k, lv.Dk)) if block_k else chunk_k(lv.Dk)
     if lv.rc_mode == RC_NVFP4:  # the per-head global scale needs the whole head in one program
-        BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), lv.Dk if whole_rows else 16, max(num_warps, 8)
+        BV, BKC, num_warps = max(16, next_pow2(lv.Dv)), 16, max(num_warps, 8)
     BR = max(16, next_pow2(lv.R))
     rc, rs, rgs = lv.rc_args()
     check(lv.H * nl <= 65535, f"a fold launch covers at most 65535 (layer, head) pairs, got {nl} x {lv.H}")
     grid = (cdiv(lv.Dv, BV), lv.H * nl, B)
-    inputs = {}
-    if delta:
-        kda = lv.family == "kda"
-        inputs = dict(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta, PER_CHANNEL=kda,
-                      SUB=flush_sub_rows(BV, lv.Dk, num_warps, lv.rc_mode == RC_NVFP4, kda))
+    # the delta families' exact folds read the records' raw inputs (and KDA's its Gram sums' column step)
+    inputs = {} if lv.rec_v is None else dict(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta)
+    if lv.family == "kda":
+        inputs["MKC"] = fold_gram_columns(BR)
     kernel[grid](slots_ptr=slots, counts_ptr=counts, cursor_ptr=lv.cursor, folded_ptr=lv.folded, ckpt_ptr=lv.ckpt,
                  rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, **inputs,
                  seed=lv.seed, layer=lv.layer, S=lv.num_slots,

@@ -42,7 +42,7 @@ def check_tuning(tuning) -> KernelTuning:
 
 
 class SplitDecodeBlocks(NamedTuple):
-    """A split decode's default blocks; its flush rows always fold whole rows (flush_block_k = head_k_dim)."""
+    """A split decode's default blocks; Mamba-2's flush rows fold whole rows (flush_block_k = head_k_dim)."""
     block_v: int
     block_k: int
     num_warps: int
@@ -96,16 +96,17 @@ def decode_plan(family: str, rc_mode: int, batch: int, heads: int, Dk: int, meth
                 tuning: KernelTuning = DEFAULT_TUNING) -> tuple[str, KernelTuning]:
     """The decode method and blocks a wrapper uses. method None picks "split" where SPLIT_TUNED has an
     entry and the grid fills the GPU (batch * heads >= 1024), else "fused". A split decode with no
-    field of `tuning` set gets the tuned blocks (block_k capped at head_k_dim; whole-row flush); a fused
-    decode over a grid under SMALL_GRID with no field set gets small_grid_blocks (NVFP4: its own)."""
+    field of `tuning` set gets the tuned blocks (block_k capped at head_k_dim; Mamba-2: whole-row flush; GDN and
+    KDA keep their exact fold's 32-column chunks, whole rows of their tensor-core dots spill); a fused decode over a
+    grid under SMALL_GRID with no field set gets small_grid_blocks (NVFP4: its own)."""
     tuned = SPLIT_TUNED.get((family, rc_mode))
     if method is None:
         method = "split" if tuned is not None and batch * heads >= SMALL_GRID else "fused"
     check(method in ("fused", "split"), f"method must be None, 'fused' or 'split', got {method!r}")
     if method == "split" and tuned is not None and tuning == DEFAULT_TUNING:
         tuning = KernelTuning(block_v=tuned.block_v, block_k=chunk_k(Dk, min(tuned.block_k, Dk)),
-                              num_warps=tuned.num_warps, stages=tuned.stages, flush_block_k=Dk,
-                              flush_warps=tuned.flush_warps)
+                              num_warps=tuned.num_warps, stages=tuned.stages,
+                              flush_block_k=Dk if family == "mamba2" else None, flush_warps=tuned.flush_warps)
     elif method == "fused" and batch * heads < SMALL_GRID and rc_mode != RC_NVFP4 and tuning == DEFAULT_TUNING:
         tuning = small_grid_blocks(family, rc_mode, batch * heads, Dk)
     check_block_k(tuning.block_k, Dk)
@@ -224,20 +225,11 @@ def flush_rows_min(family: str, B: int, window: int) -> int:
     return 1 if a is None else max(1, cdiv(cdiv(B, window), a))
 
 
-def flush_sub_rows(BV: int, Dk: int, num_warps: int, nvfp4: bool, per_channel: bool) -> int:
-    """The value rows a delta family's fold replays at once (delta_fold: delta_flush_rows' and _delta_fold_kernel's
-    SUB; not measured: the GDN chunk form's dots need >= 16 rows, and the KDA replay spilled to the stack above ~32
-    elements a thread in the sm90 compile check, tests/kernels/test_compile_sm90.py): NVFP4
-    BV (its per-head scale); GDN 16 (its chunk form's dots want 16 rows); KDA about 32 fp32 state elements per thread
-    (a [SUB, Dk] tile over num_warps warps), at least 2 and at most BV."""
-    if nvfp4:
-        return BV
-    if not per_channel:
-        return min(BV, 16)
-    sub = 2
-    while sub * 2 <= BV and sub * 2 * Dk <= 1024 * num_warps:
-        sub *= 2
-    return sub
+def fold_gram_columns(BR: int) -> int:
+    """Key columns per step of KDA's exact fold's per-channel Gram sums (kda/token.kda_exact_d's MKC): a [BR, BR,
+    MKC] tile of 4096 elements, BR the window's records rounded up (not measured: the size keeps the tile in
+    registers at 1-4 warps)."""
+    return max(1, min(16, 4096 // (BR * BR)))
 
 
 # Warps of the split decode's prep launch (one small program per row and k-head / group / head): one warp

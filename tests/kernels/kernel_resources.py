@@ -226,9 +226,13 @@ def cases(geos, batch, quick=False):
                 yield name, f"decode {label} split bv32 bk32 w2", lambda mod=mod, pool=pool, inp=inp: \
                     mod.decode(pool, 0, slots, **inp, method="split",
                                                    tuning=KernelTuning(block_v=32, block_k=32, num_warps=2))
-                yield name, f"decode {label} split fbk{geo['Dk']} bv32 bk32 w2", \
-                    lambda mod=mod, pool=pool, inp=inp: mod.decode(pool, 0, slots, **inp, method="split", tuning=KernelTuning(
-                        block_v=32, block_k=32, num_warps=2, flush_block_k=geo["Dk"]))
+                # the flush rows' column chunk: whole rows for Mamba-2's fold, 32 columns for the delta families'
+                # exact fold (its tensor-core dots over whole rows spill)
+                fbk = geo["Dk"] if geo["family"] == "mamba2" else 32
+                yield name, f"decode {label} split fbk{fbk} bv32 bk32 w2", \
+                    lambda mod=mod, pool=pool, inp=inp, fbk=fbk: mod.decode(pool, 0, slots, **inp, method="split",
+                                                                          tuning=KernelTuning(block_v=32, block_k=32,
+                                                                                              num_warps=2, flush_block_k=fbk))
             counts = torch.full((batch,), 3, dtype=torch.int32)
             yield name, f"fold {label}", lambda mod=mod, pool=pool, counts=counts: mod.fold(pool, 0, slots, counts)
             for bv, bk, nw in () if quick or label != "fp32" else FOLD_CONFIGS:

@@ -17,7 +17,7 @@ EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kern
             "_gdn_decode_prep_kernel", "_gdn_decode_read_kernel", "_m2_verify_kernel", "_m2_conventional_kernel", "_fold_kernel",
             "_gdn_decode_kernel", "_gdn_verify_kernel", "_gdn_verify_mma_kernel", "_gdn_conventional_kernel",
             "_gdn_draft_gram_kernel", "_gdn_verify_split_kernel",
-            "_kda_decode_kernel", "_kda_decode_prep_kernel", "_kda_decode_read_kernel", "_kda_verify_kernel", "_kda_verify_mma_kernel", "_kda_conventional_kernel", "_delta_fold_kernel", "_attn_kernel", "_combine_kernel",
+            "_kda_decode_kernel", "_kda_decode_prep_kernel", "_kda_decode_read_kernel", "_kda_verify_kernel", "_kda_verify_mma_kernel", "_kda_conventional_kernel", "_kda_fold_kernel", "_delta_fold_kernel", "_attn_kernel", "_combine_kernel",
             # the native engine's fused non-SSM kernels
             "_add_rms_norm_kernel", "_group_norm_kernel", "_act_mul_kernel", "_norm_rope_kernel", "_conv_kernel",
             # the pool's conv-state roll at commit (kernels/conv_state.py), a decode step's pointer move and a
@@ -31,17 +31,17 @@ EXPECTED = {"_m2_decode_kernel", "_m2_decode_prep_kernel", "_m2_decode_read_kern
 # configurations have with the CI's Triton (3.8); every other kernel must have none. (LOCAL, checked
 # below too, stays 0 even when ptxas spills: the spills live in the stack frame.)
 STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8, ("_delta_fold_kernel", "fold nvfp4"): 8,
-                 # GDN's fused decode with the exact flush's chunk form beside the read pass in one-warp programs
+                 # the delta families' exact fold (the window's d's solved from the checkpoint with tensor-core dots,
+                 # kernels/delta_fold.py, kda/token.py) beside the read pass in one-warp programs, and KDA's
+                 # per-channel Gram sums: a few words each with Triton 3.8
                  ("_gdn_decode_kernel", "decode fp8"): 8, ("_gdn_decode_kernel", "decode fp16-sr"): 16,
-                 # KDA's NVFP4 flush rows replay the whole head at once (the per-head global scale) with the
-                 # per-channel decays beside it (kernels/delta_fold.py): 56 bytes with Triton 3.8
-                 ("_kda_decode_kernel", "decode nvfp4"): 56,
+                 ("_kda_decode_kernel", "decode fp32 split defaults"): 16, ("_kda_fold_kernel", "fold fp32"): 40,
+                 ("_kda_fold_kernel", "fold nvfp4"): 8, ("_kda_fold_kernel", "fold fp16-sr"): 8,
                  # The library's tuned split decode (tuning.SPLIT_TUNED): its flush launch folds whole 128-column
                  # rows in 1-2 warps and spills to the stack (Triton 3.6 on the H200: Mamba-2 Nano 208 / 232
                  # bytes). It runs for the 1/16 of the rows that flush, beside the read pass, and measured faster
                  # than the spill-free launches with more warps (bench/README.md, Kernels, fourth, sixth and seventh
-                 # runs); these pin the amounts so that a change which spills more shows here. (GDN's and KDA's
-                 # flush rows replay a few value rows at a time, delta_fold.flush_sub_rows, and spill nothing.)
+                 # runs); these pin the amounts so that a change which spills more shows here.
                  ("_m2_decode_kernel", "decode fp32 split defaults"): 176,
                  ("_m2_decode_kernel", "decode fp8 split defaults"): 200,
                  # GDN's tensor-core verify in 32-column chunks, the library's choice for a one-wave grid

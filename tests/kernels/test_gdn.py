@@ -183,7 +183,7 @@ def test_wrapper_errors():
         kgdn.decode(pk, 5, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par)
     with pytest.raises(ValueError, match="stages must be None or an int >= 2, got 1"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, tuning=KernelTuning(stages=1))
-    with pytest.raises(ValueError, match="flush rows replay whole state rows: flush_block_k must be None or head_k_dim"):
+    with pytest.raises(ValueError, match="flush_block_k must be None or a power of 2 >= 16 dividing"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, tuning=KernelTuning(flush_block_k=24))
     with pytest.raises(ValueError, match="block_k must be None or a power of 2 >= 16 dividing head_k_dim"):
         kgdn.decode(pk, 0, torch.tensor([1, 2], dtype=torch.int32, device=DEV), **x, **par, tuning=KernelTuning(block_k=48))

@@ -133,8 +133,8 @@ def test_flush_rows_min_keeps_the_family_s_working_programs_in_steady_state():
 def test_decode_plan_picks_the_measured_method_and_config():
     none = KernelTuning()
     # a read copy on a full grid: split with the tuned blocks (block_k capped at head_k_dim)
-    m, kn = tuning.decode_plan("gdn", RC_FP8, 256, 32, 128, None, none)
-    assert m == "split" and kn == KernelTuning(block_v=32, block_k=128, num_warps=1, stages=None, flush_block_k=128,
+    m, kn = tuning.decode_plan("gdn", RC_FP8, 256, 32, 128, None, none)   # the delta families' flush: 32 columns
+    assert m == "split" and kn == KernelTuning(block_v=32, block_k=128, num_warps=1, stages=None, flush_block_k=None,
                                        flush_warps=2)
     m, kn = tuning.decode_plan("mamba2", RC_FP8, 256, 128, 16, None, none)
     assert m == "split" and kn.block_v == 32 and kn.block_k == 16 and kn.flush_block_k == 16
@@ -146,7 +146,7 @@ def test_decode_plan_picks_the_measured_method_and_config():
     assert m == "split" and kn == KernelTuning(block_v=16, block_k=32, num_warps=1, stages=None, flush_block_k=128,
                                        flush_warps=1)
     m, kn = tuning.decode_plan("kda", RC_FP8, 256, 32, 128, None, none)
-    assert m == "split" and kn == KernelTuning(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=128,
+    assert m == "split" and kn == KernelTuning(block_v=32, block_k=64, num_warps=1, stages=2, flush_block_k=None,
                                        flush_warps=2)
     # fp32 GDN and NVFP4 on a full grid: fused, knobs untouched
     for fam, rc, b in (("gdn", RC_NONE, 256), ("kda", RC_NVFP4, 256), ("gdn", RC_NVFP4, 1)):

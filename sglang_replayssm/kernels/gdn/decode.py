@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_whole_row_flush, chunk_k, next_pow2,
+from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_flush_block_k, chunk_k, next_pow2,
                       output_tensor, token_inputs)
 from ..constants import INTERPRET, RC_NVFP4
 from ..delta_fold import _delta_fold_kernel, gdn_exact_d, gdn_window, store_delta_inputs
@@ -221,7 +221,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         return out
     method, tuning = decode_plan("gdn", lv.rc_mode, B, H, Dk, method, tuning)
     block_v, block_k, num_warps, stages = tuning.block_v, tuning.block_k, tuning.num_warps, tuning.stages
-    flush_block_k, flush_warps = tuning.flush_block_k, tuning.flush_warps   # the flush rows replay whole rows
+    flush_block_k, flush_warps = tuning.flush_block_k, tuning.flush_warps
     BV = _block_v(Dv, block_v)
     nw = num_warps or default_warps(B, H)
     if lv.rc_mode == RC_NVFP4:  # flush rows compute the per-head NVFP4 global scale
@@ -229,7 +229,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
-    check_whole_row_flush(flush_block_k, Dk)
+    fbk = check_flush_block_k(flush_block_k, Dk)   # the flush rows' column chunk (0: 32; NVFP4: 16)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("gdn", method, slots, lv, nw, flush_warps,
                                                                       flush_list)
@@ -247,7 +247,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
             REDUCE_ONCE=nw >= 4 and (block_k or 32) <= 32, QK_ROW=qk_row, V_ROW=v_row,
             NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split",
-            FOLD_BK=16 if lv.rc_mode == RC_NVFP4 else chunk_k(Dk, min(Dk, 32)), num_warps=nw)
+            FOLD_BK=16 if lv.rc_mode == RC_NVFP4 else fbk or chunk_k(Dk, min(Dk, 32)), num_warps=nw)
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
         _gdn_decode_prep_kernel[(Hk, B)](q_ptr=q, k_ptr=k, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,

@@ -7,18 +7,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_whole_row_flush, chunk_k, next_pow2,
+from ..checks import (cdiv, check, check_slots, check_stages, check_tensor, check_flush_block_k, chunk_k, next_pow2,
                       output_tensor, token_inputs)
 from ..constants import INTERPRET, RC_NVFP4
-from ..delta_fold import _delta_fold_kernel, delta_flush_rows, store_delta_beta, store_delta_inputs
-from ..fold import commit as commit_records, fold as fold_records
+from ..delta_fold import store_delta_inputs
+from ..fold import commit as commit_records, fold as fold_records, fold_program
 from ..layer_views import layer_views
 from ..math_helpers import softplus
 from ..quant_tiles import load_state_chunk
 from ..replay import ring_program, ring_row
 from ..split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
-from ..tuning import check_tuning, decode_plan, default_warps, flush_sub_rows, KernelTuning, PREP_WARPS
-from .token import _block_v, _check_inputs, _kda_chunk, L2_EPS
+from ..tuning import check_tuning, decode_plan, default_warps, fold_gram_columns, KernelTuning, PREP_WARPS
+from .token import _block_v, _check_inputs, _kda_chunk, _kda_fold_store, kda_exact_d, L2_EPS
 
 
 @triton.jit
@@ -28,9 +28,11 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
                     R: tl.constexpr, WINDOW: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr, EPS: tl.constexpr,
                     INTERPRET: tl.constexpr, NUM_STAGES: tl.constexpr, QK_ROW: tl.constexpr, V_ROW: tl.constexpr,
-                    FLUSH_SUB: tl.constexpr):
+                    FOLD_BK: tl.constexpr, MKC: tl.constexpr):
     """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
-    QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows)."""
+    QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows). A flush row
+    reads the full-precision checkpoint and the window's exact d's (kda_exact_d), a non-flush row the read copy
+    and the stored d's."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
@@ -46,44 +48,51 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     rk = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) + EPS)
     kq = tl.sum(qf * kf, axis=0) * rq * rk
     beta = tl.sigmoid(tl.load(b_ptr + i_b * H + i_h).to(tl.float32))
-    g = -tl.exp(alog) * softplus(tl.load(a_row + o_k).to(tl.float32) + tl.load(dtb_row + o_k).to(tl.float32))
+    vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    if is_flush:  # the window replayed from the fp32 checkpoint (its raw inputs), this token on it, stored
-        delta_flush_rows(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, recv_ptr, recb_ptr, reck_ptr, recg_ptr, v_ptr,
-                         out_ptr, slot, i_b, i_h, i_hk, i_v, cur, q_row, k_row, rq, rk, tl.exp(g), beta, seed,
-                         tl.load(folded_ptr + slot) + cur + 1, layer, H, HK, K, V, R, BV, FLUSH_SUB, V_ROW, READ_COPY,
-                         CKPT_SR, SHARED_QUANT, INTERPRET)
-    else:  # S'q and S'k from the read copy (or checkpoint) and the records, column chunk by chunk
-        vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    if is_flush:   # the window's d's solved again from the fp32 checkpoint and their raw inputs
+        Dr = kda_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
+                         recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + (slot * R * H + i_h) * K, cur, H * V, H,
+                         HK * K, H * K, K, FOLD_BK, MKC, BV, BR)
+    else:
         Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
                      mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        sq = tl.zeros([BV], dtype=tl.float32)
-        sk = tl.zeros([BV], dtype=tl.float32)
-        kqr = tl.zeros([BR], dtype=tl.float32)
-        kkr = tl.zeros([BR], dtype=tl.float32)
-        for c in tl.range(0, K // BKC, num_stages=NUM_STAGES):
-            o_kc = c * BKC + tl.arange(0, BKC)
-            KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
-                                         H, K, R, HK * K, True)
-            qc = tl.load(q_row + o_kc).to(tl.float32) * rq * al
-            kc = tl.load(k_row + o_kc).to(tl.float32) * rk * al
+    sq = tl.zeros([BV], dtype=tl.float32)
+    sk = tl.zeros([BV], dtype=tl.float32)
+    kqr = tl.zeros([BR], dtype=tl.float32)
+    kkr = tl.zeros([BR], dtype=tl.float32)
+    for c in tl.range(0, K // BKC, num_stages=NUM_STAGES):
+        o_kc = c * BKC + tl.arange(0, BKC)
+        KW, gam, al, _g = _kda_chunk(recg_ptr, reck_base, slot, i_h, o_r, mask_r, o_kc, a_row, alog, dtb_row,
+                                     H, K, R, HK * K, True)
+        qc = tl.load(q_row + o_kc).to(tl.float32) * rq * al
+        kc = tl.load(k_row + o_kc).to(tl.float32) * rk * al
+        if is_flush:
+            S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
+                                  mask_v, K, 0)
+        else:
             S0 = load_state_chunk(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, o_kc,
                                   mask_v, K, READ_COPY)
-            sq += tl.sum(S0 * (gam * qc)[None, :], axis=1)
-            sk += tl.sum(S0 * (gam * kc)[None, :], axis=1)
-            kqr += tl.sum(KW * qc[None, :], axis=1)
-            kkr += tl.sum(KW * kc[None, :], axis=1)
-        sq = sq + tl.sum(Dr * kqr[:, None], axis=0)
-        sk = sk + tl.sum(Dr * kkr[:, None], axis=0)
-        d = beta * (vv - sk)
-        o = sq + d * kq
-        tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
-        # the record of this token at ring position cur: d and the raw v (beta, g, k below)
-        tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(recv_ptr + ((slot * R + cur) * H + i_h) * V + o_v, vv.to(recv_ptr.dtype.element_ty), mask=mask_v)
-    store_delta_beta(recb_ptr, slot, cur, i_h, beta, i_v, H, R)
+        sq += tl.sum(S0 * (gam * qc)[None, :], axis=1)
+        sk += tl.sum(S0 * (gam * kc)[None, :], axis=1)
+        kqr += tl.sum(KW * qc[None, :], axis=1)
+        kkr += tl.sum(KW * kc[None, :], axis=1)
+    sq = sq + tl.sum(Dr * kqr[:, None], axis=0)
+    sk = sk + tl.sum(Dr * kkr[:, None], axis=0)
+    d = beta * (vv - sk)
+    o = sq + d * kq
+    tl.store(out_ptr + (i_b * H + i_h) * V + o_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    if is_flush:
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, recg_ptr,
+                        reck_base, slot, i_h, o_r, mask_r, Dr, a_row, alog, dtb_row, d, k_row, rk, seed,
+                        tl.load(folded_ptr + slot) + cur + 1, (layer * H + i_h).to(tl.int64) * (V * K), H, K, R,
+                        HK * K, FOLD_BK, BV, READ_COPY, CKPT_SR, SHARED_QUANT, True, INTERPRET)
+    # the record of this token at ring position cur: d, the raw v and beta, g, k
+    tl.store(recd_ptr + ((slot * R + cur) * H + i_h) * V + o_v, d.to(recd_ptr.dtype.element_ty), mask=mask_v)
+    store_delta_inputs(recv_ptr, recb_ptr, slot, cur, i_h, o_v, mask_v, vv, beta, i_v, H, V, R)
     if i_v == 0:
+        g = -tl.exp(alog) * softplus(tl.load(a_row + o_k).to(tl.float32) + tl.load(dtb_row + o_k).to(tl.float32))
         tl.store(recg_ptr + ((slot * R + cur) * H + i_h) * K + o_k, g)
         if i_h % (H // HK) == 0:
             tl.store(reck_base + cur * (HK * K) + o_k, (kf * rk).to(reck_ptr.dtype.element_ty))
@@ -97,7 +106,8 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
                        BKC: tl.constexpr, BR: tl.constexpr, READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr,
                        SHARED_QUANT: tl.constexpr, EPS: tl.constexpr, INTERPRET: tl.constexpr, QK_ROW: tl.constexpr,
                        V_ROW: tl.constexpr, NUM_STAGES: tl.constexpr = None, FLUSH_ROW_PROGRAMS: tl.constexpr = 1,
-                       FLUSH_ONLY: tl.constexpr = False, FLUSH_SUB: tl.constexpr = 16):
+                       FLUSH_ONLY: tl.constexpr = False, FOLD_BK: tl.constexpr = 32,
+                       MKC: tl.constexpr = 16):
     """All rows of a decode step, or (FLUSH_ONLY) only the rows whose record fills the window: the
     nflush rows that the split decode listed in frows (split_decode.flush_list), program_id(2) folding those
     split_decode.flush_rows gives it (the split decode runs the other rows through _kda_decode_prep_kernel +
@@ -108,12 +118,12 @@ def _kda_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out
             _kda_decode_row(tl.load(frows_ptr + j), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr,
                             slots_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr,
                             reck_ptr, recg_ptr, recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV,
-                            BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS, INTERPRET, NUM_STAGES, QK_ROW, V_ROW, FLUSH_SUB)
+                            BKC, BR, READ_COPY, CKPT_SR, SHARED_QUANT, EPS, INTERPRET, NUM_STAGES, QK_ROW, V_ROW, FOLD_BK, MKC)
     else:
         _kda_decode_row(tl.program_id(2), q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                         cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, recd_ptr, reck_ptr, recg_ptr,
                         recv_ptr, recb_ptr, scale, seed, layer, H, HK, K, V, R, WINDOW, BV, BKC, BR, READ_COPY,
-                        CKPT_SR, SHARED_QUANT, EPS, INTERPRET, NUM_STAGES, QK_ROW, V_ROW, FLUSH_SUB)
+                        CKPT_SR, SHARED_QUANT, EPS, INTERPRET, NUM_STAGES, QK_ROW, V_ROW, FOLD_BK, MKC)
 
 
 @triton.jit
@@ -195,6 +205,36 @@ def _kda_decode_read_kernel(v_ptr, out_ptr, slots_ptr, cursor_ptr, ckpt_ptr, rc_
                        V, R)
 
 
+@triton.jit(do_not_specialize=["seed", "layer"])
+def _kda_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr,
+                     recd_ptr, reck_ptr, recg_ptr, recv_ptr, recb_ptr, seed, layer, S,
+                     H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     R: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, BR: tl.constexpr,
+                     READ_COPY: tl.constexpr, CKPT_SR: tl.constexpr, SHARED_QUANT: tl.constexpr,
+                     INTERPRET: tl.constexpr, WINDOW: tl.constexpr, FROM_ACCEPTED: tl.constexpr, MKC: tl.constexpr):
+    """The KDA fold (fold.fold / fold.commit's kernel): records 0..count-1 of each row folded exactly into its
+    checkpoint (+ read copy): their d's solved from the checkpoint and their raw inputs (kda_exact_d), then the
+    linear fold with per-channel decays (_kda_fold_store), for one layer or several (fold.fold_program; S: the
+    pool's slots). count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's accepted drafts. recd_ptr is not
+    read."""
+    i_v, layer, i_h, i_hk, cnt, stream, slot = fold_program(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, layer, S,
+                                                            H, HK, WINDOW, FROM_ACCEPTED)
+    if cnt > 0:
+        o_v = i_v * BV + tl.arange(0, BV)
+        o_r = tl.arange(0, BR)
+        mask_v = o_v < V
+        head_rows = (slot * H + i_h) * V
+        reck_base = reck_ptr + (slot * R * HK + i_hk) * K
+        Dr = kda_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
+                         recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + (slot * R * H + i_h) * K, cnt, H * V, H,
+                         HK * K, H * K, K, BKC, MKC, BV, BR)
+        _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, recg_ptr,
+                        reck_base, slot, i_h, o_r, o_r < cnt, Dr, recg_ptr, 0.0, recg_ptr,
+                        tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream,
+                        (layer * H + i_h).to(tl.int64) * (V * K), H, K, R, HK * K, BKC, BV, READ_COPY, CKPT_SR,
+                        SHARED_QUANT, False, INTERPRET)
+
+
 @triton.jit
 def _kda_conventional_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, out_ptr, slots_ptr,
                      state_ptr, scale, H: tl.constexpr, HK: tl.constexpr, K: tl.constexpr,
@@ -256,7 +296,7 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         nw, block_k = max(nw, 8), block_k or 16
     rc, rs, rgs = lv.rc_args()
     BR = max(16, next_pow2(lv.window))
-    check_whole_row_flush(tuning.flush_block_k, Dk)
+    fbk = check_flush_block_k(tuning.flush_block_k, Dk)   # the flush rows' column chunk (0: 32; NVFP4: 16)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
     frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("kda", method, slots, lv, nw, tuning.flush_warps,
                                                                       flush_list)
@@ -274,7 +314,8 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
             QK_ROW=qk_row, V_ROW=v_row, NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp,
             FLUSH_ONLY=method == "split",
-            FLUSH_SUB=flush_sub_rows(BV, Dk, nw, lv.rc_mode == RC_NVFP4, True), num_warps=nw)
+            FOLD_BK=16 if lv.rc_mode == RC_NVFP4 else fbk or chunk_k(Dk, min(Dk, 32)),
+            MKC=fold_gram_columns(BR), num_warps=nw)
     if method == "split":
         prep = torch.empty((B, H, 2 * Dk + 2 * BR + 2), dtype=torch.float32, device=lv.device)
         _kda_decode_prep_kernel[(H, B)](q_ptr=q, k_ptr=k, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias,
@@ -317,12 +358,11 @@ def conventional_decode(state, slots, q, k, v, a, b, A_log, dt_bias, scale=None,
 
 def fold(pool, layer, slots, counts, *, tuning=None):
     """Commit fold: records 0..counts[b]-1 into the checkpoint (+ read copy) of one layer, or of every layer
-    in one launch (layer None); counts 0 = no-op (fold.fold with the exact delta-rule fold kernel, per-channel
-    decays)."""
-    fold_records(pool, layer, slots, counts, _delta_fold_kernel, tuning)
+    in one launch (layer None); counts 0 = no-op (fold.fold with the exact KDA fold kernel)."""
+    fold_records(pool, layer, slots, counts, _kda_fold_kernel, tuning)
 
 
 def commit(pool, slots, accepted, *, tuning=None):
-    """A chain commit's device work (fold.commit with the exact delta-rule fold kernel): rows whose cursor +
+    """A chain commit's device work (fold.commit with the exact KDA fold kernel): rows whose cursor +
     accepted drafts reach the window fold every layer, then the pointers move."""
-    commit_records(pool, slots, accepted, _delta_fold_kernel, tuning)
+    commit_records(pool, slots, accepted, _kda_fold_kernel, tuning)
