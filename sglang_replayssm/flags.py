@@ -46,11 +46,11 @@ FLAG_SPELLINGS = {
 
 
 # What `--replayssm-read-copy auto` (the default) reads on a CUDA GPU with fp8 (compute capability 8.9+, Ada /
-# Hopper / Blackwell), per SSM family: fp8 where its next-token KL to fp32 decoding is ~1e-5 nats and flat over 64K
-# tokens and serving gained from it (Mamba-2: 7.8e-6, 32K-64K / 1K-2K 1.06, bench/results/fidelity.json; Nemotron-H
-# at full depth 1.28x stock against the fp32 read's 1.15x); the fp32 checkpoint itself where the fp8 error still
-# grows with length (GDN: 1.21) or was not measured (KDA). CPUs and older GPUs read the fp32 checkpoint.
-GPU_READ_COPY = {"mamba2": "fp8", "gdn": "none", "kda": "none"}
+# Hopper / Blackwell), per SSM family: fp8 for every family. The read copy never reaches the recurrence (the exact
+# flush: docs/layout.md), and its next-token KL to fp32 decoding is 1e-5 to 3e-5 nats and flat over 64K tokens on
+# the trained tiny models (Mamba-2: 7.8e-6, 32K-64K / 1K-2K 1.06; GDN: 3.2e-5, 1.20, bench/results/fidelity_gdn_exact.json).
+# CPUs and older GPUs read the fp32 checkpoint.
+GPU_READ_COPY = {"mamba2": "fp8", "gdn": "fp8", "kda": "fp8"}
 FP8_MIN_CAPABILITY = (8, 9)
 
 
@@ -91,8 +91,8 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGro
         help="precision of the recurrence checkpoint (default fp32)")
     group.add_argument(
         "--replayssm-read-copy", choices=FLAG_READ_COPIES, default=AUTO,
-        help="low-precision read copy written at each flush and read by non-flush steps (default auto: fp8 for "
-             "Mamba-2 on a GPU with fp8, compute capability 8.9+; none, the fp32 checkpoint, otherwise)")
+        help="low-precision read copy written at each flush and read by non-flush steps (default auto: fp8 on a GPU "
+             "with fp8, compute capability 8.9+; none, the fp32 checkpoint, otherwise)")
     group.add_argument(
         "--replayssm-decode", action=argparse.BooleanOptionalAction, default=True,
         help="decode SSM layers with ReplaySSM (--no-replayssm-decode: conventional state update)")

@@ -42,7 +42,7 @@ NGRAM_CHAIN = ["--speculative-ngram-max-bfs-breadth", "1"]
 SYNC_CHECK = {"SGLANG_REPLAYSSM_SYNC_CHECK": "1"}
 SERVER_ENV: dict[str, dict] = {"gdn_ours_synccheck": SYNC_CHECK, "m2_ours_synccheck": SYNC_CHECK}
 XBUF = [RADIX, "--mamba-radix-cache-strategy", "extra_buffer"]
-# the "_fp32" servers read the fp32 checkpoint whatever the plugin's default (`auto`: fp8 for Mamba-2 on this GPU)
+# the "_fp32" servers read the fp32 checkpoint whatever the plugin's default (`auto`: fp8 on this GPU)
 FP32_READ = ["--replayssm-read-copy", "none"]
 # name -> (mode, model, extra flags); order = start order = bench order
 SERVERS: dict[str, tuple[str, str, list[str]]] = {
@@ -54,7 +54,7 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "m2_stock": ("stock", "nemotron_h", []),
     "m2_ours_fp32": ("plugin", "nemotron_h", FP32_READ),
     "m2_ours_fp8": ("plugin", "nemotron_h", ["--replayssm-read-copy", "fp8"]),
-    "m2_ours": ("plugin", "nemotron_h", []),   # the plugin's defaults (read copy auto: fp8 for Mamba-2 on this GPU)
+    "m2_ours": ("plugin", "nemotron_h", []),   # the plugin's defaults (read copy auto: fp8 on this GPU)
     "gdn_stock_ngram": ("stock", "qwen3_next", NGRAM),
     "gdn_ours_fp32_ngram": ("plugin", "qwen3_next", [*FP32_READ, *NGRAM]),
     # SGLang refuses --enable-linear-replayssm together with its spec variant (they share the ring)

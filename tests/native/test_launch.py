@@ -39,13 +39,13 @@ def test_defaults_and_flags():
 @pytest.mark.parametrize("family, device, capability, want", [
     ("mamba2", "cpu", None, "none"),
     ("gdn", "cpu", None, "none"),
-    ("mamba2", "cuda", (9, 0), "fp8"),     # H100 / H200: fp8 read for Mamba-2 ...
+    ("mamba2", "cuda", (9, 0), "fp8"),     # H100 / H200: the fp8 read copy for every family
     ("mamba2", "cuda:1", (8, 9), "fp8"),
-    ("gdn", "cuda", (9, 0), "none"),       # ... fp32 reads for GDN and KDA
-    ("kda", "cuda", (10, 0), "none"),
+    ("gdn", "cuda", (9, 0), "fp8"),
+    ("kda", "cuda", (10, 0), "fp8"),
     ("mamba2", "cuda", (8, 0), "none"),    # A100: no fp8 in Triton
 ])
-def test_read_copy_auto_is_fp8_for_mamba2_on_an_fp8_gpu_only(monkeypatch, family, device, capability, want):
+def test_read_copy_auto_is_fp8_on_an_fp8_gpu_only(monkeypatch, family, device, capability, want):
     """`--replayssm-read-copy auto`, the default, per family and device (flags.GPU_READ_COPY); an explicit value
     wins, and without ReplaySSM decode auto is none. The GPU's compute capability is what torch would report."""
     import torch

@@ -58,11 +58,11 @@ def test_budget_hook_prices_replayssm_slots(drafts):
     assert left == pytest.approx(rest - (ours + 1) * per_slot / GIB)
 
 
-@pytest.mark.parametrize("family, capability, read_copy", [("mamba2", (9, 0), "fp8"), ("gdn", (9, 0), "none"),
-                                                           ("mamba2", None, "none")])
+@pytest.mark.parametrize("family, capability, read_copy", [("mamba2", (9, 0), "fp8"), ("gdn", (9, 0), "fp8"),
+                                                           ("gdn", (8, 0), "none"), ("mamba2", None, "none")])
 def test_auto_read_copy_is_priced_as_the_pool_will_keep_it(monkeypatch, family, capability, read_copy):
-    """The budget resolves `--replayssm-read-copy auto` on the configurator's device as the pool does: fp8 for
-    Mamba-2 on an fp8 GPU (capability as torch would report it), the fp32 checkpoint alone elsewhere."""
+    """The budget resolves `--replayssm-read-copy auto` on the configurator's device as the pool does: fp8 on an
+    fp8 GPU (capability as torch would report it), the fp32 checkpoint alone elsewhere."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
