@@ -25,7 +25,9 @@
    the full tree mask the Triton attention backend reads, and so does the EAGLE / NEXTN verify;
    ``--mamba-radix-cache-strategy extra_buffer`` is allowed on the CPU platform (its track snapshots are SGLang's
    Triton kernels and that ``h``); KDA's prefill and decode/verify kernels, unbound on CPU, are ``kda_ops.py``'s;
-   with ``SGLANG_REPLAYSSM_CPU_OVERLAP=1`` speculative decoding keeps the overlap scheduler (SGLang turns it off on
+   the CPU MoE experts (``moe_forward_native``) apply the layer's ``routed_scaling_factor`` as SGLang's GPU runner
+   does (its CPU path drops it: Kimi Linear's MoE output would be 2.446x too small); with
+   ``SGLANG_REPLAYSSM_CPU_OVERLAP=1`` speculative decoding keeps the overlap scheduler (SGLang turns it off on
    the CPU platform).
 6. Test instrumentation: with ``SGLANG_REPLAYSSM_CPU_LOG_TREES=1`` every verify the plugin's pool opens with a draft
    tree prints a ``cpu-harness: tree verify`` line.
@@ -303,6 +305,29 @@ def _speculative_overlap_on_cpu(mod) -> None:
         mod._disable_overlap_schedule_for_cpu = lambda server_args: None
 
 
+def _moe_routed_scaling_on_cpu(mod) -> None:
+    """SGLang's unquantized MoE on a GPU (the Triton runner, ``fused_experts``) multiplies the experts' weighted sum
+    by the layer's ``routed_scaling_factor`` unless the router already did
+    (``should_fuse_routed_scaling_factor_in_topk``); its CPU path without AMX (``moe_forward_native``) never does. Models that leave that factor to the experts (Kimi
+    Linear: ``KimiMoE`` passes ``routed_scaling_factor`` to ``FusedMoE`` and multiplies nothing itself) were served
+    on CPU with their routed experts' output that factor too small. Scaled here as the GPU runner scales it."""
+    native = mod.moe_forward_native
+    if getattr(native, "_cpu_harness", False):
+        return
+
+    @functools.wraps(native)
+    def moe_forward_native(layer, x, topk_output, moe_runner_config):
+        out = native(layer, x, topk_output, moe_runner_config)
+        factor = moe_runner_config.routed_scaling_factor
+        if factor is not None and factor != 1.0 and not getattr(layer, "should_fuse_routed_scaling_factor_in_topk",
+                                                                 False):
+            out = out * factor
+        return out
+
+    moe_forward_native._cpu_harness = True
+    mod.moe_forward_native = moe_forward_native
+
+
 TREE_LOG_ENV = "SGLANG_REPLAYSSM_CPU_LOG_TREES"
 
 
@@ -346,6 +371,7 @@ _AFTER_IMPORT = {
     "sglang.srt.layers.attention.mamba.mamba": _bind_mamba_conv,
     "sglang.srt.layers.attention.linear.gdn_backend": _route_verify_conv,
     "sglang.srt.layers.attention.linear.kda_backend": _route_verify_conv,
+    "sglang.srt.layers.moe.fused_moe_native": _moe_routed_scaling_on_cpu,
 }
 
 

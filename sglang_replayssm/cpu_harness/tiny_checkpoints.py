@@ -9,8 +9,11 @@ same folder loads in ``transformers`` (the oracle of the server tests) and in SG
 * ``qwen3_next``: Qwen3-Next layout, Gated DeltaNet layers + full attention every second layer, every
   MLP a sparse MoE block with a shared expert (as the real model has it).
 * ``nemotron_h``: Nemotron-H layout, Mamba-2 / attention / MLP blocks (``M*M-``).
-* ``kimi_linear``: Kimi-Linear layout, KDA layers 1 and 3 + MLA layers 2 and 4 (no rotary embedding, as
-  ``mla_use_nope``), dense MLPs; written directly (``transformers`` has no Kimi-Linear class without remote code).
+* ``kimi_linear``: Kimi-Linear layout as released (Kimi-Linear-48B-A3B's config keys and tensor names), KDA layers 1
+  and 3 + MLA layers 2 and 4 (no rotary embedding, as ``mla_use_nope``), a dense MLP in the first layer
+  (``first_k_dense_replace: 1``) and sparse MoE blocks after it (4 experts, 2 per token, a sigmoid router with a
+  score-correction bias, one shared expert); written directly (``transformers`` has no Kimi-Linear class without
+  remote code).
 
 ``transformers`` 5.19 saves both with names SGLang 0.5.23 does not read (Nemotron-H's ``layers_block_type:
 [linear_attention, full_attention, ...]``, Qwen3-Next's ``layer_types``); the names SGLang reads are added
@@ -105,9 +108,14 @@ def _sglang_compatible_config(out: Path) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
 
 
-# Kimi Linear: KDA layers (1-based ids, as its config lists them) and MLA attention layers, dense MLPs
+# Kimi Linear as Moonshot released it (Kimi-Linear-48B-A3B): KDA layers (1-based ids, as its config lists them) and MLA
+# attention layers; the first ``first_k_dense_replace`` layers have a dense MLP, the others a sparse MoE block
+# (``block_sparse_moe``: a sigmoid router with a score-correction bias choosing ``num_experts_per_token`` of
+# ``num_experts``, renormalized and scaled by ``routed_scaling_factor``, plus ``num_shared_experts`` shared experts)
 KIMI_LINEAR = dict(hidden=64, layers=4, kda_layers=[1, 3], heads=2, head_dim=32, conv=4, mla_heads=2,
-                   kv_lora_rank=48, qk_nope=16, qk_rope=16, v_head=32, intermediate=128)
+                   kv_lora_rank=48, qk_nope=16, qk_rope=16, v_head=32, intermediate=128,
+                   experts=4, experts_per_token=2, moe_intermediate=32, shared_experts=1, first_k_dense=1,
+                   routed_scaling=2.446)
 
 
 def _kimi_linear_config(ids: dict) -> dict:
@@ -123,15 +131,29 @@ def _kimi_linear_config(ids: dict) -> dict:
         "linear_attn_config": {"kda_layers": k["kda_layers"], "num_heads": k["heads"], "head_dim": k["head_dim"],
                                "short_conv_kernel_size": k["conv"],
                                "full_attn_layers": [i for i in range(1, k["layers"] + 1) if i not in k["kda_layers"]]},
+        # the MoE keys as the released config spells them
+        "num_experts": k["experts"], "num_experts_per_token": k["experts_per_token"],
+        "moe_intermediate_size": k["moe_intermediate"], "num_shared_experts": k["shared_experts"],
+        "first_k_dense_replace": k["first_k_dense"], "moe_layer_freq": 1, "moe_renormalize": True,
+        "moe_router_activation_func": "sigmoid", "routed_scaling_factor": k["routed_scaling"],
+        "use_grouped_topk": True, "num_expert_group": 1, "topk_group": 1, "num_nextn_predict_layers": 0,
         "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|endoftext|>"],
     }
 
 
-def _kimi_linear_weights(seed: int) -> dict:
+def kimi_moe_layer(cfg: dict, i: int) -> bool:
+    """Whether layer ``i`` (0-based) of a Kimi-Linear config has a sparse MoE block (else a dense MLP)."""
+    return (cfg.get("num_experts") is not None and i >= cfg.get("first_k_dense_replace", 0)
+            and i % cfg.get("moe_layer_freq", 1) == 0)
+
+
+def _kimi_linear_weights(seed: int, cfg: dict) -> dict:
     """The tensors SGLang 0.5.23's ``KimiLinearForCausalLM.load_weights`` reads, under a Kimi-Linear checkpoint's
     names (``q_proj``/``k_proj``/``v_proj``/``b_proj``, low-rank ``f_a``/``f_b`` decay and ``g_a``/``g_b`` output-gate
     projections, per-channel ``dt_bias``, per-head ``A_log``, ``q/k/v_conv1d``; MLA ``q_proj``,
-    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``)."""
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``; dense ``mlp.gate/up/down_proj``; MoE
+    ``block_sparse_moe.gate.weight`` / ``.gate.e_score_correction_bias``, ``block_sparse_moe.experts.E.w1/w2/w3``
+    (gate, down, up) and ``block_sparse_moe.shared_experts.gate/up/down_proj``)."""
     import math
 
     import torch
@@ -139,6 +161,7 @@ def _kimi_linear_weights(seed: int) -> dict:
     k = KIMI_LINEAR
     g = torch.Generator().manual_seed(seed)
     D, H, K, I = k["hidden"], k["heads"], k["head_dim"], k["intermediate"]
+    E, Im = k["experts"], k["moe_intermediate"]
     P = H * K
 
     def lin(out_f, in_f):
@@ -150,8 +173,20 @@ def _kimi_linear_weights(seed: int) -> dict:
         pre = f"model.layers.{i}."
         w[pre + "input_layernorm.weight"] = torch.ones(D)
         w[pre + "post_attention_layernorm.weight"] = torch.ones(D)
-        w[pre + "mlp.gate_proj.weight"], w[pre + "mlp.up_proj.weight"] = lin(I, D), lin(I, D)
-        w[pre + "mlp.down_proj.weight"] = lin(D, I)
+        if kimi_moe_layer(cfg, i):
+            m = pre + "block_sparse_moe."
+            w[m + "gate.weight"] = lin(E, D)
+            # a bias large enough to change which experts the router picks (scores are sigmoids in (0, 1))
+            w[m + "gate.e_score_correction_bias"] = torch.randn(E, generator=g) * 0.3
+            for e in range(E):
+                w[m + f"experts.{e}.w1.weight"], w[m + f"experts.{e}.w3.weight"] = lin(Im, D), lin(Im, D)
+                w[m + f"experts.{e}.w2.weight"] = lin(D, Im)
+            Is = Im * k["shared_experts"]
+            w[m + "shared_experts.gate_proj.weight"], w[m + "shared_experts.up_proj.weight"] = lin(Is, D), lin(Is, D)
+            w[m + "shared_experts.down_proj.weight"] = lin(D, Is)
+        else:
+            w[pre + "mlp.gate_proj.weight"], w[pre + "mlp.up_proj.weight"] = lin(I, D), lin(I, D)
+            w[pre + "mlp.down_proj.weight"] = lin(D, I)
         a = pre + "self_attn."
         if i + 1 in k["kda_layers"]:
             for n in ("q", "k", "v"):
@@ -182,8 +217,9 @@ def write_kimi_linear(out: Path, seed: int = 0) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ids = write_tokenizer(out)
-    (out / "config.json").write_text(json.dumps(_kimi_linear_config(ids), indent=1, sort_keys=True))
-    save_file(_kimi_linear_weights(seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = _kimi_linear_config(ids)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    save_file(_kimi_linear_weights(seed, cfg), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 

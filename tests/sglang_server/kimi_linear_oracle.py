@@ -7,7 +7,11 @@ Per layer: ``h = x + mixer(rmsnorm(x))``, ``h = h + mlp(rmsnorm(h))``; KDA layer
 projection, ``beta = sigmoid(b_proj)``, the delta rule, a gated RMSNorm (``sigmoid(g_b(g_a(x)))``, eps 1e-5 as SGLang's
 ``KimiDeltaAttention`` builds it), ``o_proj``; the other layers MLA without rotary embedding (``mla_use_nope``): per
 head ``q = [q_nope, q_pe]``, keys ``[k_nope, k_pe]`` with ``k_pe`` shared by the heads, ``k_nope`` and ``v`` from
-``kv_b_proj(rmsnorm(c))``, scale ``(qk_nope + qk_rope)^-1/2``, causal softmax.
+``kv_b_proj(rmsnorm(c))``, scale ``(qk_nope + qk_rope)^-1/2``, causal softmax. The MLP is dense (SwiGLU) in the
+first ``first_k_dense_replace`` layers and a sparse MoE block after (``tiny_checkpoints.kimi_moe_layer``): router
+scores ``sigmoid(gate(x))``, the ``num_experts_per_token`` experts of the highest ``score + e_score_correction_bias``
+(the bias picks, it does not weigh), their scores renormalized to sum 1 and scaled by ``routed_scaling_factor``,
+each expert a SwiGLU (``w1`` gate, ``w3`` up, ``w2`` down), plus the shared experts' SwiGLU.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from sglang_replayssm.cpu_harness.tiny_checkpoints import kimi_moe_layer
 from sglang_replayssm.reference import kda as kda_ref
 
 
 def _rmsnorm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _swiglu(x, gate, up, down):
+    return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
 
 
 class KimiLinearOracle:
@@ -32,6 +41,7 @@ class KimiLinearOracle:
 
         self.cfg = json.loads((Path(model_dir) / "config.json").read_text())
         self.w = {n: t.double() for n, t in load_file(str(Path(model_dir) / "model.safetensors")).items()}
+        self._memo: dict[tuple[int, ...], torch.Tensor] = {}   # the forward is slow: one per token sequence
 
     def _kda(self, a: str, x: torch.Tensor) -> torch.Tensor:
         w, lin = self.w, self.cfg["linear_attn_config"]
@@ -73,9 +83,31 @@ class KimiLinearOracle:
         o = torch.einsum("hts,shd->thd", scores.softmax(-1), kv[..., nope:])
         return o.reshape(T, nh * vd) @ w[a + "o_proj.weight"].T
 
+    def _moe(self, m: str, x: torch.Tensor) -> torch.Tensor:
+        w, c = self.w, self.cfg
+        scores = torch.sigmoid(x @ w[m + "gate.weight"].T)                     # [T, E]
+        chosen = (scores + w[m + "gate.e_score_correction_bias"]).topk(c["num_experts_per_token"], dim=-1).indices
+        weights = scores.gather(-1, chosen)
+        if c.get("moe_renormalize", True):
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights * c.get("routed_scaling_factor", 1.0)
+        out = _swiglu(x, w[m + "shared_experts.gate_proj.weight"], w[m + "shared_experts.up_proj.weight"],
+                      w[m + "shared_experts.down_proj.weight"])
+        for t in range(x.shape[0]):
+            for e, wt in zip(chosen[t].tolist(), weights[t]):
+                e_ = f"{m}experts.{e}."
+                out[t] += wt * _swiglu(x[t], w[e_ + "w1.weight"], w[e_ + "w3.weight"], w[e_ + "w2.weight"])
+        return out
+
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
         """Log-probabilities of the next token after every position ``[len(ids), vocab]`` (fp64)."""
+        key = tuple(int(i) for i in ids)
+        if key not in self._memo:
+            self._memo[key] = self._forward(list(key))
+        return self._memo[key]
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
         w, c = self.w, self.cfg
         eps = c["rms_norm_eps"]
         x = w["model.embed_tokens.weight"][torch.tensor(ids)]
@@ -85,8 +117,11 @@ class KimiLinearOracle:
             mixer = self._kda if i + 1 in c["linear_attn_config"]["kda_layers"] else self._mla
             x = x + mixer(p + "self_attn.", h)
             h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-            x = x + (F.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) @ \
-                w[p + "mlp.down_proj.weight"].T
+            if kimi_moe_layer(c, i):
+                x = x + self._moe(p + "block_sparse_moe.", h)
+            else:
+                x = x + _swiglu(h, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                                w[p + "mlp.down_proj.weight"])
         x = _rmsnorm(x, w["model.norm.weight"], eps)
         return torch.log_softmax(x @ w["lm_head.weight"].T, dim=-1)
 
