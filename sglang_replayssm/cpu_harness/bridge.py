@@ -308,9 +308,10 @@ def _speculative_overlap_on_cpu(mod) -> None:
 def _moe_routed_scaling_on_cpu(mod) -> None:
     """SGLang's unquantized MoE on a GPU (the Triton runner, ``fused_experts``) multiplies the experts' weighted sum
     by the layer's ``routed_scaling_factor`` unless the router already did
-    (``should_fuse_routed_scaling_factor_in_topk``); its CPU path without AMX (``moe_forward_native``) never does. Models that leave that factor to the experts (Kimi
-    Linear: ``KimiMoE`` passes ``routed_scaling_factor`` to ``FusedMoE`` and multiplies nothing itself) were served
-    on CPU with their routed experts' output that factor too small. Scaled here as the GPU runner scales it."""
+    (``should_fuse_routed_scaling_factor_in_topk``); its CPU path without AMX (``moe_forward_native``) never does.
+    Models that leave that factor to the experts (Kimi Linear: ``KimiMoE`` passes ``routed_scaling_factor`` to
+    ``FusedMoE`` and multiplies nothing itself) were served on CPU with their routed experts' output that factor too
+    small. Scaled here as the GPU runner scales it."""
     native = mod.moe_forward_native
     if getattr(native, "_cpu_harness", False):
         return
@@ -334,7 +335,9 @@ TREE_LOG_ENV = "SGLANG_REPLAYSSM_CPU_LOG_TREES"
 def _log_tree_verifies(mod) -> None:
     """Test instrumentation (``SGLANG_REPLAYSSM_CPU_LOG_TREES=1``): every verify the plugin's pool opens with a draft
     tree (some node's parent is not the node before it) prints one ``cpu-harness: tree verify`` line with the
-    parents, so a server test can tell that real draft trees reached the ReplaySSM verify."""
+    parents, and every commit of an accepted path that is not the drafts' first nodes in order (a tree path) one
+    ``cpu-harness: tree commit`` line with the path, so a server test can tell that real draft trees reached the
+    ReplaySSM verify and which paths it committed."""
     if os.environ.get(TREE_LOG_ENV) != "1":
         return
     cls = mod.ReplayMambaPool
@@ -342,6 +345,8 @@ def _log_tree_verifies(mod) -> None:
         opened = getattr(cls, name)
         if not getattr(opened, "_cpu_harness", False):
             setattr(cls, name, _logged_open(opened))
+    if not getattr(cls.commit_prepared, "_cpu_harness", False):
+        cls.commit_prepared = _logged_commit(cls.commit_prepared)
 
 
 def _logged_open(opened):
@@ -358,6 +363,22 @@ def _logged_open(opened):
 
     open_verify._cpu_harness = True
     return open_verify
+
+
+def _logged_commit(commit):
+    from sglang_replayssm.reference.commit_prep import ACC, ROWS
+
+    @functools.wraps(commit)
+    def commit_prepared(self, prep, nodes):
+        if nodes is not None:   # CPU tensors: the harness may read them
+            for slot, acc, path in zip(prep[ROWS].tolist(), prep[ACC].tolist(), nodes.tolist()):
+                path = path[:acc]
+                if slot > 0 and path != list(range(len(path))):
+                    print(f"cpu-harness: tree commit: {acc} records along {path}", file=sys.stderr, flush=True)
+        return commit(self, prep, nodes)
+
+    commit_prepared._cpu_harness = True
+    return commit_prepared
 
 
 _AFTER_IMPORT = {

@@ -250,6 +250,129 @@ def add_mtp_layer(out: Path, seed: int = 0) -> Path:
     return out
 
 
+# EAGLE3 draft heads (SGLang's ``LlamaForCausalLMEagle3``, ``models/llama_eagle3.py``): one Llama decoder layer whose
+# first projections read [its token embedding; the hidden state], an ``fc`` from the target's captured hidden states,
+# its own embedding (hidden size 128 against the target's 64: ``target_hidden_size``) and a reduced draft vocabulary
+# (``draft_vocab_size``, ``d2t``: draft id -> target id offsets, ``t2d``: which target ids it has), under the names
+# EAGLE3 checkpoints use (``midlayer.*``, ``fc``, ``norm``, ``lm_head``, ``embed_tokens``).
+EAGLE3 = dict(hidden=128, head_dim=128, intermediate=128, draft_vocab=256)
+
+
+def _target_hidden(target: Path) -> tuple[dict, int]:
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    return cfg, int(cfg["hidden_size"])
+
+
+def write_eagle3_head(target: Path, out: Path, follow: list[int] | None = None, aux_layers: list[int] | None = None,
+                      seed: int = 0) -> Path:
+    """A tiny EAGLE3 draft head for the tiny checkpoint in ``target``, in the format SGLang 0.5.23 loads.
+
+    ``aux_layers``: the target layers whose hidden states the head reads
+    (``eagle_config.eagle_aux_hidden_state_layer_ids``, three of them as EAGLE3 heads have it); None: a head that
+    reads the target's final hidden state instead (``use_aux_hidden_state: false``, one input to ``fc``), the form a
+    target without EAGLE3 capture can serve.
+
+    ``follow``: a token sequence (e.g. the target's own greedy continuation of a prompt) whose successor map the head
+    computes exactly, whatever the context: at a token ``c`` of ``follow`` (each token whose successor is the same
+    wherever it occurs) it drafts the token that follows ``c`` there, and continues the draft from its own choice, so a
+    target that continues that sequence accepts every draft. The weights are built, not trained (``r`` indexes the
+    distinct tokens, ``e_r`` a unit vector of the head's 128-dim hidden space):
+
+    * the embedding of token ``r`` is ``e_r`` (others 0); ``hidden_norm`` is 0, so the attention reads tokens only;
+    * q = k = 21.3 ``e_r`` in rotary pair ``r`` (``r`` < 64: distinct pairs stay orthogonal under any rotation), so a
+      position attends to the positions holding its own token (its own score ~40, every other token's 0), whose values
+      are all ``e_r``; ``o_proj`` writes ``A e_r`` (A = 100);
+    * the MLP (``silu(gate) * up`` with gate = up = 10 ``z_r``, one unit per token) writes
+      ``alpha e_next(r) + 0.85 alpha e_runner(r) - (A + alpha) e_r`` (alpha = 10; ``runner(r)`` a token of its own
+      outside ``follow``): the step's output ``T = mlp + attn + residual`` then telescopes along a draft to
+      ``alpha (e_next - e_first) + 0.85 alpha (sum of the runner-ups so far)`` (the residual a step hands the next is
+      its ``T``; the first step's residual is ``fc`` of the target's hidden states, small here, 1e-3 weights);
+    * ``lm_head`` reads ``4 e_r`` for token ``r``: the successor leads its runner-up by ~4 nats and every other token
+      by ~25, so a draft tree holds near-miss branches at every depth and the accepted path is not its first nodes.
+
+    Tokens without a consistent successor draft nothing in particular. Without ``follow`` (or for every other token)
+    the head proposes what its small random parts give: drafts a target rarely accepts."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tcfg, D_t = _target_hidden(target)
+    e = EAGLE3
+    H, hd, I, Vd = e["hidden"], e["head_dim"], e["intermediate"], e["draft_vocab"]
+    V = int(tcfg["vocab_size"])
+    g = torch.Generator().manual_seed(seed + 7)
+    n_aux = 1 if aux_layers is None else len(aux_layers)
+    follow = list(follow or [])
+    tokens = list(dict.fromkeys(follow))                 # distinct, in order of appearance
+    if len(tokens) > hd // 2:
+        raise ValueError(f"follow: {len(tokens)} distinct tokens, the head has codes for {hd // 2}")
+    succ: dict[int, int | None] = {}
+    for a, b in zip(follow, follow[1:]):
+        succ[a] = b if succ.get(a, b) == b else None      # None: successors disagree
+    code = {t: r for r, t in enumerate(tokens)}
+    # each token's runner-up: a token of its own outside ``follow``, drafted ~4 nats below the successor, so that
+    # draft trees hold near-miss branches at every depth (the successor path is then not the trees' first nodes)
+    fillers = [t for t in reversed(range(V)) if t not in code]   # from the top of the vocabulary (no special tokens)
+    runner = {t: fillers[i] for i, t in enumerate(tokens) if succ.get(t) is not None}
+    code.update({m: len(tokens) + i for i, m in enumerate(runner.values())})
+    if len(code) > H:
+        raise ValueError(f"follow: {len(code)} codes, the head's hidden size is {H}")
+    hot = list(code) + [t for t in fillers if t not in code][:Vd - len(code)]   # draft id -> target id
+
+    A, alpha, kappa, gain, lam, second = 100.0, 10.0, 21.3, 10.0, 4.0, 8.5
+    unit_in = H ** -0.5          # RMSNorm gives a unit code the norm sqrt(H): a weight of unit_in reads it as 1
+    act0 = float(torch.nn.functional.silu(torch.tensor(gain)) * gain)
+
+    def small(*shape):
+        return torch.randn(*shape, generator=g) * 1e-3 / shape[-1] ** 0.5
+
+    embed = torch.zeros(V, H)
+    q, k, v = torch.zeros(hd, 2 * H), torch.zeros(hd, 2 * H), torch.zeros(hd, 2 * H)
+    o = torch.zeros(H, hd)
+    gate, up, down = torch.zeros(I, H), torch.zeros(I, H), torch.zeros(H, I)
+    lm_head = torch.zeros(Vd, H)
+    for t in tokens:
+        r = code[t]
+        embed[t, r] = 1.0
+        q[r, r] = k[r, r] = kappa * unit_in
+        v[r, r] = unit_in
+        o[r, r] = A
+        gate[r, r] = up[r, r] = gain * unit_in
+        nxt = succ.get(t)
+        if nxt is not None:
+            down[code[nxt], r] += alpha / act0
+            down[code[runner[t]], r] += second / act0
+        down[r, r] -= (A + alpha) / act0
+    for t, r in code.items():
+        lm_head[hot.index(t), r] = lam
+    w = {
+        "embed_tokens.weight": embed, "fc.weight": small(H, n_aux * D_t), "lm_head.weight": lm_head,
+        "norm.weight": torch.ones(H),
+        "midlayer.input_layernorm.weight": torch.ones(H), "midlayer.hidden_norm.weight": torch.zeros(H),
+        "midlayer.post_attention_layernorm.weight": torch.ones(H),
+        "midlayer.self_attn.q_proj.weight": q, "midlayer.self_attn.k_proj.weight": k,
+        "midlayer.self_attn.v_proj.weight": v, "midlayer.self_attn.o_proj.weight": o,
+        "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up, "midlayer.mlp.down_proj.weight": down,
+        "d2t": torch.tensor(hot) - torch.arange(Vd),
+        "t2d": torch.zeros(V, dtype=torch.bool).index_fill_(0, torch.tensor(hot), True),
+    }
+    save_file({n: t.contiguous() for n, t in w.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    eagle = ({"use_aux_hidden_state": False} if aux_layers is None else
+             {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": list(aux_layers)})
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+        "target_hidden_size": D_t, "num_aux_hidden_states": n_aux, "intermediate_size": I, "num_hidden_layers": 1,
+        "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": hd, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096, "vocab_size": V,
+        "draft_vocab_size": Vd, "tie_word_embeddings": False, "torch_dtype": "float32", "eagle_config": eagle,
+        "bos_token_id": tcfg.get("bos_token_id"), "eos_token_id": tcfg.get("eos_token_id"),
+        "pad_token_id": tcfg.get("pad_token_id"),
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
+    return out
+
+
 def write_checkpoint(family: str, out: Path, seed: int = 0, sglang_names: bool = True) -> Path:
     """The tiny ``family`` checkpoint in ``out``; ``sglang_names=False`` leaves config.json as transformers 5
     saved it (a folder as users have it: SGLang itself cannot read it, our launcher serves it)."""

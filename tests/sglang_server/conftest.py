@@ -42,6 +42,15 @@ NGRAM_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algori
 XBUF_64 = ["--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval", "64"]
 NEXTN_TREE_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "NEXTN",
                  "--speculative-num-steps", "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"]
+METRICS_EVERY_STEP = {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}   # metrics pushed at every step: exact counts
+
+
+def eagle3_l4(family: str, topk: int, steps: int, draft_tokens: int) -> list[str]:
+    """The plugin at window 4 with metrics and EAGLE3 drafts from the family's tiny head (the ``eagle3_heads``
+    fixture writes it: ``{models}`` is the tiny-models folder)."""
+    return ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", f"{{models}}/{family}_eagle3", "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(draft_tokens)]
 
 # name -> (family, plugin on, extra argv, extra env)
 CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
@@ -84,6 +93,14 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "gdn-mtp-tree": ("qwen3_next_mtp", True, NEXTN_TREE_L4, {TREE_LOG_ENV: "1"}),
     # the same with SGLang's GPU defaults: the overlap scheduler (SGLang's spec-v2 EAGLE worker) and extra_buffer
     "gdn-mtp-tree-overlap": ("qwen3_next_mtp", True, [*NEXTN_TREE_L4, *XBUF_64], {TREE_LOG_ENV: "1", OVERLAP_ENV: "1"}),
+    # EAGLE3 draft heads (SGLang's LlamaForCausalLMEagle3): Qwen3-Next's reads its aux hidden states (layers 1-3),
+    # as trees (top-3, 3 steps, 6 draft tokens) and as chains with SGLang's GPU defaults (overlap, extra_buffer);
+    # Nemotron-H's reads its final hidden state (SGLang 0.5.23 captures no aux states for Nemotron-H), as trees
+    "gdn-eagle3-tree": ("qwen3_next", True, eagle3_l4("qwen3_next", 3, 3, 6),
+                        {TREE_LOG_ENV: "1", **METRICS_EVERY_STEP}),
+    "gdn-eagle3-chain-overlap": ("qwen3_next", True, [*eagle3_l4("qwen3_next", 1, 3, 4), *XBUF_64],
+                                 {OVERLAP_ENV: "1", **METRICS_EVERY_STEP}),
+    "m2-eagle3-tree": ("nemotron_h", True, eagle3_l4("nemotron_h", 2, 3, 6), {TREE_LOG_ENV: "1", **METRICS_EVERY_STEP}),
 }
 
 # configurations served from the folder exactly as transformers 5 saved it (its names, not SGLang's): our launcher
@@ -109,7 +126,8 @@ class SGLangServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{name}.log"
-        argv = ["--model-path", str(self.model_dir), "--device", "cpu", *extra]
+        argv = ["--model-path", str(self.model_dir), "--device", "cpu",
+                *(a.replace("{models}", str(model_dir)) for a in extra)]
         if plugin:
             cmd = [sys.executable, "-m", "sglang_replayssm.launch", "--engine", "sglang", "--host", "127.0.0.1",
                    "--port", str(self.port), *argv]
@@ -224,6 +242,35 @@ def tiny_models(tmp_path_factory) -> Path:
     for fam in sorted(set(TRANSFORMERS5_FOLDERS.values())):   # the same weights, config.json as transformers 5 saves it
         write_checkpoint(fam.removesuffix("_transformers5"), out / fam, seed=0, sglang_names=False)
     return out
+
+
+# the prompt whose greedy continuation (EAGLE3_FOLLOW_TOKENS tokens, transformers') the tiny EAGLE3 heads draft
+EAGLE3_FOLLOW_PROMPT = PROMPTS[0]
+EAGLE3_FOLLOW_TOKENS = 40
+# the target layers whose hidden states each head reads (None: its final hidden state)
+EAGLE3_AUX_LAYERS = {"qwen3_next": [0, 1, 2], "nemotron_h": None}
+
+
+@pytest.fixture(scope="session")
+def eagle3_heads(tiny_models) -> dict[str, list[int]]:
+    """The tiny EAGLE3 heads of ``eagle3_l4`` (``tiny_checkpoints.write_eagle3_head``), built to draft the target's
+    own greedy continuation of EAGLE3_FOLLOW_PROMPT (transformers'), which a served target therefore accepts; other
+    prompts get drafts it rarely accepts. Returns family -> that continuation."""
+    import torch
+
+    from sglang_replayssm.cpu_harness.tiny_checkpoints import write_eagle3_head
+
+    follow = {}
+    for fam, aux in EAGLE3_AUX_LAYERS.items():
+        ids = list(tokenize(str(tiny_models / fam), EAGLE3_FOLLOW_PROMPT))
+        model, seq = _hf_model(str(tiny_models / fam)), list(ids)
+        with torch.no_grad():   # greedy, end-of-sequence tokens included (the server ignores them)
+            for _ in range(EAGLE3_FOLLOW_TOKENS):
+                seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+        follow[fam] = seq[len(ids):]
+        write_eagle3_head(tiny_models / fam, tiny_models / f"{fam}_eagle3", follow=ids[-1:] + follow[fam],
+                          aux_layers=aux)
+    return follow
 
 
 @pytest.fixture(scope="module")
