@@ -14,7 +14,11 @@ CUDA and the reference elsewhere (``family_ops.FamilyOps.select``).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
 import os
+from pathlib import Path
 
 from sglang_replayssm.flags import ENV_VAR, FlagError, ReplaySSMOptions
 
@@ -82,3 +86,84 @@ def check_against_sglang(opts: ReplaySSMOptions, args) -> None:
             "--enable-int8-mamba-checkpoint",
             "the int8 mamba checkpoint pool stores SGLang-format states; it is not supported together with "
             "the ReplaySSM pool (--replayssm-* flags)")
+    check_drafts(opts, args)
+
+
+def _local_config(path) -> dict | None:
+    """``config.json`` of a local model folder (None: not a local folder, e.g. a hub id SGLang downloads)."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+
+
+def sglang_model_class(arch: str | None):
+    """SGLang's model class for the architecture name ``arch``, importing only the module of ``sglang.srt.models``
+    that defines it (SGLang's registry would import every model), or None."""
+    spec = importlib.util.find_spec("sglang.srt.models") if arch else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for f in sorted(Path(spec.submodule_search_locations[0]).glob("*.py")):
+        if f"class {arch}(" in f.read_text(errors="ignore"):
+            cls = getattr(importlib.import_module(f"sglang.srt.models.{f.stem}"), arch, None)
+            if cls is not None:
+                return cls
+    return None
+
+
+def _hybrid(cfg: dict | None) -> bool:
+    """A config of one of the hybrid SSM families the plugin serves (Nemotron-H, Qwen3-Next, Kimi Linear)."""
+    cfg = cfg or {}
+    keys = ("hybrid_override_pattern", "layers_block_type", "mamba_num_heads", "linear_num_value_heads",
+            "linear_attn_config")
+    return any(k in cfg or k in (cfg.get("text_config") or {}) for k in keys)
+
+
+# the speculative algorithms whose draft workers take the target's embedding and head from the target model
+# (SGLang's SpeculativeAlgorithm.is_eagle(): EAGLE and its alias NEXTN, EAGLE3, FROZEN_KV_MTP)
+def _eagle_family(name: str) -> bool:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    try:
+        return SpeculativeAlgorithm.from_string(name).is_eagle()
+    except ValueError:
+        return False   # SGLang reports an unknown name itself
+
+
+def check_drafts(opts: ReplaySSMOptions, args) -> None:
+    """Refuse, at start, the draft algorithms SGLang 0.5.23 cannot run for the model being served (found out from
+    SGLang's own model class, so a later SGLang that can is not refused), instead of a scheduler traceback once the
+    weights loaded; and, on ``--device cpu``, SGLang's own speculative commit of a hybrid model."""
+    algo = _get(args, "speculative_algorithm")
+    if not algo or str(algo).upper() == "NONE":
+        return
+    target = _local_config(_get(args, "model_path"))
+    if not opts.decode and str(_get(args, "device", "") or "").startswith("cpu") and _hybrid(target):
+        raise FlagError(
+            "--no-replayssm-decode",
+            f"with --speculative-algorithm {algo} on --device cpu, SGLang 0.5.23 commits the drafts of a hybrid model "
+            "itself, and its state scatter (fused_mamba_state_scatter_with_mask) runs on CUDA/XPU only: keep "
+            "ReplaySSM decode on (its commit runs on CPU), or drop --speculative-algorithm")
+    if target is None or not _eagle_family(str(algo)):
+        return
+    arch = (target.get("architectures") or [None])[0]
+    cls = sglang_model_class(arch)
+    if cls is None:
+        return
+    if not (hasattr(cls, "get_embed_and_head") or hasattr(cls, "get_embed_and_head_for_draft")):
+        raise FlagError(
+            "--speculative-algorithm",
+            f"{algo} drafts share the target's embedding and LM head, and SGLang 0.5.23's {arch} does not hand them "
+            "out (no get_embed_and_head): its EAGLE / EAGLE3 / NEXTN (MTP) drafts cannot run; use "
+            "--speculative-algorithm NGRAM")
+    draft_path = _get(args, "speculative_draft_model_path")
+    draft = _local_config(draft_path) or {}
+    eagle = draft.get("eagle_config") or {}
+    if (str(algo).upper() == "EAGLE3" and eagle.get("use_aux_hidden_state", True)
+            and not hasattr(cls, "set_eagle3_layers_to_capture")):
+        raise FlagError(
+            "--speculative-algorithm",
+            f"EAGLE3 with a draft head that reads the target's intermediate (aux) hidden states ({draft_path}: "
+            "eagle_config.use_aux_hidden_state is not false) needs the target to capture them, and SGLang 0.5.23's "
+            f"{arch} does not (no set_eagle3_layers_to_capture): serve a head that reads the final hidden state "
+            "(eagle_config.use_aux_hidden_state: false), or --speculative-algorithm NGRAM")

@@ -6,7 +6,8 @@ with ``--speculative-algorithm EAGLE3`` through SGLang's own EAGLE worker, our p
   draft trees (top-3, 3 steps, 6 draft tokens), and chains (top-1, 3 steps) with SGLang's GPU defaults (the overlap
   scheduler, i.e. its spec-v2 EAGLE worker, and ``extra_buffer``);
 * Nemotron-H, the head reading the target's final hidden state (``eagle_config.use_aux_hidden_state: false``: SGLang
-  0.5.23's ``NemotronHForCausalLM`` captures no aux hidden states): draft trees (top-2, 3 steps, 6 draft tokens).
+  0.5.23's ``NemotronHForCausalLM`` captures no aux hidden states, and the launcher refuses a head that needs them,
+  tests/sglang_plugin/test_draft_support.py): draft trees (top-2, 3 steps, 6 draft tokens).
 
 Each server's greedy tokens equal transformers' (alone and batched) and the no-draft stock answer (when the stock
 server ran in this session), the verify rows commit by pointer moves (``replayssm:accepted_records_total`` /
