@@ -133,10 +133,15 @@ def _eagle_family(name: str) -> bool:
 def check_drafts(opts: ReplaySSMOptions, args) -> None:
     """Refuse, at start, the draft algorithms SGLang 0.5.23 cannot run for the model being served (found out from
     SGLang's own model class, so a later SGLang that can is not refused), instead of a scheduler traceback once the
-    weights loaded; and, on ``--device cpu``, SGLang's own speculative commit of a hybrid model."""
+    weights loaded; on ``--device cpu``, SGLang's own speculative commit of a hybrid model; and speculative decoding
+    with ReplaySSM decode but not its verify."""
     algo = _get(args, "speculative_algorithm")
     if not algo or str(algo).upper() == "NONE":
         return
+    if opts.decode and not opts.verify:   # also checked where the pool is built; here before any weight loads
+        raise FlagError("--no-replayssm-verify",
+                        "speculative decoding with ReplaySSM decode needs --replayssm-verify (SGLang's snapshot "
+                        "verify reads the full state, which a ReplaySSM slot keeps as checkpoint + ring)")
     target = _local_config(_get(args, "model_path"))
     if not opts.decode and str(_get(args, "device", "") or "").startswith("cpu") and _hybrid(target):
         raise FlagError(

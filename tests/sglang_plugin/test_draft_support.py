@@ -9,7 +9,9 @@ named, through SGLang's own argument parsing (``prepare_server_args``, what ``sg
 * any EAGLE-family draft (EAGLE, EAGLE3, NEXTN) on a target that does not hand out its embedding and head (Kimi Linear:
   ``KimiLinearForCausalLM`` has no ``get_embed_and_head``);
 * ``--no-replayssm-decode`` with speculative decoding on ``--device cpu``: SGLang's own commit of a hybrid model's
-  state (``fused_mamba_state_scatter_with_mask``) runs on CUDA / XPU only.
+  state (``fused_mamba_state_scatter_with_mask``) runs on CUDA / XPU only;
+* and ``--no-replayssm-verify`` with speculative decoding while ReplaySSM decode is on (checked where the pool is
+  built too, but here before any weight loads).
 
 The rules read SGLang's model classes, so each refusal is checked to be one SGLang itself makes (the class really lacks
 the method) and the same rules accept the combinations the server tests serve."""
@@ -63,6 +65,9 @@ REFUSED = {
                               "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
                               "--speculative-num-draft-tokens", "3"],
                    "--speculative-algorithm", "get_embed_and_head", ("KimiLinearForCausalLM", "get_embed_and_head")),
+    "no-verify-ngram": (lambda f: ["--model-path", str(f["qwen3_next"]), "--no-replayssm-verify",
+                                   "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
+                        "--no-replayssm-verify", "needs --replayssm-verify", None),
     "no-decode-ngram-cpu": (lambda f: ["--model-path", str(f["qwen3_next"]), "--device", "cpu", "--no-replayssm-decode",
                                        "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
                             "--no-replayssm-decode", "fused_mamba_state_scatter_with_mask", None),
