@@ -55,3 +55,14 @@ class Parser(argparse.ArgumentParser):
             message = unknown_flags_message(m.group(1).split(), self.known_flags())
         print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value `flag` takes in `argv` (`--flag VALUE` or `--flag=VALUE`; the last one wins), None if absent."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value

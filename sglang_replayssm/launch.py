@@ -27,7 +27,7 @@ import argparse
 import importlib.util
 import sys
 
-from .argparsing import LAUNCH_PROG, Parser, unknown_flags_message
+from .argparsing import LAUNCH_PROG, Parser, flag_value, unknown_flags_message
 from .flags import FlagError, ReplaySSMOptions, add_replayssm_args, split_argv
 
 ENGINES = ("auto", "native", "sglang")
@@ -259,20 +259,10 @@ def check_replayssm_flags(argv: list[str], parser: Parser) -> None:
         parser.error(str(e))
 
 
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    value = None
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
 def sglang_device_error(argv: list[str]) -> str | None:
     """Why SGLang cannot start here, before it spends its start-up finding out: no --device cpu (the CPU harness)
     and no GPU visible. None when it can (a GPU, --device cpu, or a --device that SGLang itself must judge)."""
-    device = _flag_value(argv, "--device")
+    device = flag_value(argv, "--device")
     if device == "cpu" or (device is not None and not device.startswith("cuda")):
         return None
     import torch

@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..argparsing import flag_value
+
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
 # flag -> value (None: a switch). Chosen for a 2-core, 24 GB machine serving tiny models.
@@ -66,21 +68,11 @@ def _given(argv: list[str], flag: str) -> bool:
 OVERLAP_ENV = "SGLANG_REPLAYSSM_CPU_OVERLAP"
 
 
-def _flag(argv: list[str], flag: str) -> str | None:
-    value = None
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
 def _uses_mla(argv: list[str]) -> bool:
     """True when ``--model-path`` is a local folder whose config has MLA attention (``kv_lora_rank``)."""
     import json
 
-    path = _flag(argv, "--model-path") or _flag(argv, "--model")
+    path = flag_value(argv, "--model-path") or flag_value(argv, "--model")
     try:
         cfg = json.loads((Path(path) / "config.json").read_text()) if path else {}
     except (OSError, ValueError):

@@ -13,6 +13,7 @@ import pytest
 
 from sglang_replayssm import launch
 from sglang_replayssm.scheduler.serve_app import ray_missing_error
+from tests.user_path.test_launcher_flags import error_line
 
 
 def run_without(blocked: list[str], argv: list[str], module: str = "sglang_replayssm.launch", timeout: float = 60):
@@ -24,12 +25,7 @@ def run_without(blocked: list[str], argv: list[str], module: str = "sglang_repla
 
 
 def assert_one_line_error(r, *needles):
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+    error_line(r, *needles)
     assert "sglang-replayssm: " not in r.stdout, r.stdout   # no banner: nothing started
 
 
