@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sglang_replayssm.cpu_harness import _flag, _given, site_first
+from sglang_replayssm.argparsing import flag_value
+from sglang_replayssm.cpu_harness import _given, site_first
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
@@ -45,7 +46,7 @@ def gpu_server_args(argv: list[str]) -> list[str]:
     those flags."""
     out = list(argv)
     needs_sync_scheduler = (not _given(argv, "--disable-radix-cache")
-                            and _flag(argv, "--mamba-radix-cache-strategy") in (None, "no_buffer"))
+                            and flag_value(argv, "--mamba-radix-cache-strategy") in (None, "no_buffer"))
     for flag, value in GPU_DEFAULTS.items():
         if _given(argv, flag) or (flag == "--disable-overlap-schedule" and not needs_sync_scheduler):
             continue
