@@ -19,6 +19,7 @@ import triton.language as tl
 from .constants import FOLD_PREC
 from .fold import fold_program, fold_store_dw
 from .math_helpers import unit_lower_inverse
+from .replay import load_records
 
 
 @triton.jit
@@ -80,28 +81,31 @@ def gdn_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_base, reck_base, cnt, G, 
 def store_delta_inputs(recv_ptr, recb_ptr, slot, pos, i_h, o_v, mask_v, vv, beta, i_v, H: tl.constexpr,
                        V: tl.constexpr, R: tl.constexpr):
     """A decode token's raw value rows and (once per head) beta at ring position pos: what the exact fold
-    replays."""
-    tl.store(recv_ptr + ((slot * R + pos) * H + i_h) * V + o_v, vv.to(recv_ptr.dtype.element_ty), mask=mask_v)
-    store_delta_beta(recb_ptr, slot, pos, i_h, beta, i_v, H, R)
+    replays (nothing where the pool keeps no raw inputs: recv_ptr None, no read copy; ReplayConfig.folds_exactly)."""
+    if recv_ptr is not None:
+        tl.store(recv_ptr + ((slot * R + pos) * H + i_h) * V + o_v, vv.to(recv_ptr.dtype.element_ty), mask=mask_v)
+        store_delta_beta(recb_ptr, slot, pos, i_h, beta, i_v, H, R)
 
 
 @triton.jit
 def store_delta_beta(recb_ptr, slot, pos, i_h, beta, i_v, H: tl.constexpr, R: tl.constexpr):
-    """A decode token's beta at ring position pos, once per head (value block 0)."""
-    if i_v == 0:
+    """A decode token's beta at ring position pos, once per head (value block 0); nothing where recb_ptr is None."""
+    if recb_ptr is not None and i_v == 0:
         tl.store(recb_ptr + (slot * R + pos) * H + i_h, beta)
 
 
 @triton.jit
 def store_draft_inputs(recv_ptr, recb_ptr, Vd, beta, slot, cur, i_h, i_v, o_t, mask_t, o_v, mask_v, H: tl.constexpr,
                        V: tl.constexpr, R: tl.constexpr):
-    """A verify's drafts' raw value rows Vd [BT, BV] and (once per head) betas [BT] at ring positions cur..."""
-    pos = cur + o_t
-    mpos = mask_t & (pos < R)
-    tl.store(recv_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
-             Vd.to(recv_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
-    if i_v == 0:
-        tl.store(recb_ptr + (slot * R + pos) * H + i_h, beta, mask=mpos)
+    """A verify's drafts' raw value rows Vd [BT, BV] and (once per head) betas [BT] at ring positions cur...;
+    nothing where the pool keeps no raw inputs (recv_ptr None)."""
+    if recv_ptr is not None:
+        pos = cur + o_t
+        mpos = mask_t & (pos < R)
+        tl.store(recv_ptr + ((slot * R + pos[:, None]) * H + i_h) * V + o_v[None, :],
+                 Vd.to(recv_ptr.dtype.element_ty), mask=mpos[:, None] & mask_v[None, :])
+        if i_v == 0:
+            tl.store(recb_ptr + (slot * R + pos) * H + i_h, beta, mask=mpos)
 
 
 @triton.jit(do_not_specialize=["seed", "layer"])
@@ -114,7 +118,8 @@ def _delta_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, 
     """fold._fold_kernel for GDN: records 0..count-1 of each row folded exactly into its checkpoint (+ read copy):
     their d's solved from the checkpoint and their raw inputs (gdn_window, gdn_exact_d), then the linear fold
     (fold.fold_store_dw), in BKC-column chunks, for one layer or several (fold.fold_program; S: the pool's slots).
-    count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's accepted drafts. recd_ptr is not read."""
+    count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's accepted drafts. recd_ptr is read only where the pool
+    keeps no raw inputs (recv_ptr None: no read copy, the stored d's are exact and fold linearly)."""
     i_v, layer, i_h, i_hk, cnt, stream, slot = fold_program(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, layer, S,
                                                             H, HK, WINDOW, FROM_ACCEPTED)
     if cnt > 0:
@@ -124,12 +129,16 @@ def _delta_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, 
         mask_v = o_v < V
         o_r = tl.arange(0, BR)
         mr = o_r < cnt
-        G, gtot, br, X = gdn_window(recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + slot * R * H + i_h, cnt, H,
-                                    HK * K, H, K, BKC, BR)
-        D, _sq, _sk, _kq, _kk = gdn_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
-                                            reck_base, cnt, G, br, X, reck_ptr, reck_ptr, 1.0, 1.0, H * V, HK * K, K,
-                                            BKC, BV, BR, False)
-        Dw = D * tl.where(mr, tl.exp(gtot - G), 0.0)[:, None]
+        if recv_ptr is not None:   # beside a read copy: the d's solved again from the checkpoint
+            G, gtot, br, X = gdn_window(recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + slot * R * H + i_h, cnt,
+                                        H, HK * K, H, K, BKC, BR)
+            D, _sq, _sk, _kq, _kk = gdn_exact_d(ckpt_ptr, head_rows, o_v, mask_v,
+                                                recv_ptr + (slot * R * H + i_h) * V, reck_base, cnt, G, br, X,
+                                                reck_ptr, reck_ptr, 1.0, 1.0, H * V, HK * K, K, BKC, BV, BR, False)
+            Dw = D * tl.where(mr, tl.exp(gtot - G), 0.0)[:, None]
+        else:   # no read copy: the stored d's came from the checkpoint itself
+            D, w, _gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mr, o_v, mask_v, H, V, R)
+            Dw = D * w[:, None]
         fold_store_dw(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base, Dw, o_r, mr,
                       gtot, 1.0, tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream,
                       (layer * H + i_h).to(tl.int64) * (V * K), HK * K, K, BKC, BV, READ_COPY, CKPT_SR, SHARED_QUANT,

@@ -256,7 +256,8 @@ def _launch_fold(pool, lv: LayerViews, layer: int | None, slots, counts, B: int,
     check(lv.H * nl <= 65535, f"a fold launch covers at most 65535 (layer, head) pairs, got {nl} x {lv.H}")
     grid = (cdiv(lv.Dv, BV), lv.H * nl, B)
     # the delta families' exact folds read the records' raw inputs (and KDA's its Gram sums' column step)
-    inputs = {} if lv.rec_v is None else dict(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta)
+    # (None where the pool keeps none: no read copy, the stored d's fold as they are)
+    inputs = {} if lv.family == "mamba2" else dict(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta)
     if lv.family == "kda":
         inputs["MKC"] = fold_gram_columns(BR)
     kernel[grid](slots_ptr=slots, counts_ptr=counts, cursor_ptr=lv.cursor, folded_ptr=lv.folded, ckpt_ptr=lv.ckpt,

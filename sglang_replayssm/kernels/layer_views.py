@@ -24,7 +24,8 @@ class LayerViews:
         self.rec_d = pool.rec_d[layer]
         self.rec_k = pool.rec_k[layer]
         self.rec_g = pool.rec_g[layer]
-        # a delta family's raw inputs, replayed by its exact fold (delta_fold.py); None for Mamba-2
+        # a delta family's raw inputs, replayed by its exact fold (delta_fold.py); None for Mamba-2 and without a
+        # read copy (ReplayConfig.folds_exactly), where the kernels fold the stored d's
         rec_v = getattr(pool, "rec_v", None)
         self.rec_v = rec_v[layer] if rec_v is not None else None
         self.rec_beta = pool.rec_beta[layer] if rec_v is not None else None

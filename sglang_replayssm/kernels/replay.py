@@ -37,9 +37,14 @@ def load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H: tl.
     Gr = tl.load(recg_ptr + (slot * R + o_r) * H + i_h, mask=mask_r, other=0.0)
     gtot = tl.sum(Gr, axis=0)
     w = tl.where(mask_r, tl.exp(gtot - tl.cumsum(Gr, axis=0)), 0.0)
-    Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                 mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    return Dr, w, tl.exp(gtot), gtot
+    return stored_d(recd_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R), w, tl.exp(gtot), gtot
+
+
+@triton.jit
+def stored_d(recd_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr):
+    """The stored d's [BR, BV] of records o_r (mask mask_r) of one head, value rows o_v, in fp32."""
+    return tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
+                   mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit

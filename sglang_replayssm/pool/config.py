@@ -115,6 +115,13 @@ class ReplayConfig:
         return act_dtype if act_dtype in (torch.bfloat16, torch.float16) else self.record_dtype
 
     @property
+    def folds_exactly(self) -> bool:
+        """Whether a delta family's folds solve the window's d's again from the checkpoint (its records then keep the
+        raw v and beta too): only beside a read copy. Without one every stored d was computed from the checkpoint
+        itself, so the linear fold of the stored d's is already exact (and cheaper)."""
+        return self.read_copy != "none"
+
+    @property
     def ring_capacity(self) -> int:
         return self.window + self.max_drafts
 

@@ -116,7 +116,7 @@ class ReplayStatePool:
             self.rec_k = torch.zeros(nl, S, R, Hk, Dk, dtype=c.record_dtype, **z)
             gshape = (nl, S, R, H, Dk) if g.per_channel_decay else (nl, S, R, H)
             self.rec_g = torch.zeros(*gshape, dtype=scalar_dtype, **z)
-            if g.delta_rule:   # the raw inputs the exact fold replays (docs/layout.md)
+            if g.delta_rule and c.folds_exactly:   # the raw inputs the exact fold replays (docs/layout.md)
                 self.rec_v = torch.zeros(nl, S, R, H, Dv, dtype=c.value_record_dtype(act_dtype), **z)
                 self.rec_beta = torch.zeros(nl, S, R, H, dtype=scalar_dtype, **z)
         elif c.max_drafts:

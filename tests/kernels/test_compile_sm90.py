@@ -35,7 +35,8 @@ STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8, ("_delta_fold_kernel", "fold
                  # kernels/delta_fold.py, kda/token.py) beside the read pass in one-warp programs, and KDA's
                  # per-channel Gram sums: a few words each with Triton 3.8
                  ("_gdn_decode_kernel", "decode fp8"): 8, ("_gdn_decode_kernel", "decode fp16-sr"): 16,
-                 ("_kda_decode_kernel", "decode fp32 split defaults"): 16, ("_kda_fold_kernel", "fold fp32"): 40,
+                 ("_kda_decode_kernel", "decode fp32 split defaults"): 16,
+                 ("_kda_decode_kernel", "decode fp16-sr"): 8, ("_kda_fold_kernel", "fold fp32"): 40,
                  ("_kda_fold_kernel", "fold nvfp4"): 8, ("_kda_fold_kernel", "fold fp16-sr"): 8,
                  # The library's tuned split decode (tuning.SPLIT_TUNED): its flush launch folds whole 128-column
                  # rows in 1-2 warps and spills to the stack (Triton 3.6 on the H200: Mamba-2 Nano 208 / 232

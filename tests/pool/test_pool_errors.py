@@ -149,15 +149,16 @@ def test_bytes_and_capacity_vs_snapshot_scheme():
     cfg = ReplayConfig(window=16, max_drafts=8)
     per = ReplayStatePool.slot_bytes(geo, 24, cfg, torch.bfloat16)
     state = 32 * 128 * 128 * 4
-    # a record: d and k (fp32 records), g; the exact fold's raw v (the activations' bf16) and beta (fp32)
-    ring = 24 * (32 * 128 + 16 * 128) * 4 + 24 * 32 * 4 + 24 * (32 * 128 * 2 + 32 * 4)
+    # a record: d and k (fp32 records), g; no raw inputs without a read copy (the stored d's fold as they are)
+    ring = 24 * (32 * 128 + 16 * 128) * 4 + 24 * 32 * 4
     conv = 8192 * 3 * 2 + 8 * 8192 * 2
     assert per == 24 * state + 24 * ring + 24 * conv + 4 + 8
     cap = ReplayStatePool.capacity(geo, 24, cfg, 80 * 2 ** 30, torch.bfloat16)
     assert cap["snapshot_bytes_per_slot"] == 24 * (9 * state + 8192 * 3 * 2 + 8 * 8192 * 2) + 4 + 8
     assert cap["sequences"] > 4 * cap["snapshot_sequences"]
     fp8 = ReplayStatePool.slot_bytes(geo, 24, ReplayConfig(window=16, max_drafts=8, read_copy="fp8"), torch.bfloat16)
-    assert fp8 == per + 24 * (32 * 128 * 128 + 32 * 128 * 4)
+    # the fp8 read copy and its row scales; beside it the exact fold's raw v (the activations' bf16) and beta (fp32)
+    assert fp8 == per + 24 * (32 * 128 * 128 + 32 * 128 * 4) + 24 * 24 * (32 * 128 * 2 + 32 * 4)
 
 
 def test_commit_rolls_conv_state_along_the_accepted_path():

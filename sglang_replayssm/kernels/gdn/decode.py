@@ -50,14 +50,21 @@ def _gdn_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    if is_flush:  # the window's exact d's from the fp32 checkpoint (its raw inputs), this token on it, stored
-        G, gtot, br, X = gdn_window(recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + slot * R * H + i_h, cur, H,
-                                    HK * K, H, K, FOLD_BK, BR)
-        D, sq0, sk0, kqr, kkr = gdn_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
-                                            reck_base, cur, G, br, X, q_row, k_row, rq, rk, H * V, HK * K, K, FOLD_BK,
-                                            BV, BR, True)
-        w = tl.where(mask_r, tl.exp(gtot - G), 0.0)
-        d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, tl.exp(gtot), D, w, beta, vv, kq)
+    if is_flush:  # the window folded into the fp32 checkpoint with this token on it, stored
+        if recv_ptr is not None:  # beside a read copy: the window's d's solved again from the checkpoint
+            G, gtot, br, X = gdn_window(recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + slot * R * H + i_h, cur,
+                                        H, HK * K, H, K, FOLD_BK, BR)
+            D, sq0, sk0, kqr, kkr = gdn_exact_d(ckpt_ptr, head_rows, o_v, mask_v,
+                                                recv_ptr + (slot * R * H + i_h) * V, reck_base, cur, G, br, X, q_row,
+                                                k_row, rq, rk, H * V, HK * K, K, FOLD_BK, BV, BR, True)
+            w = tl.where(mask_r, tl.exp(gtot - G), 0.0)
+            gam = tl.exp(gtot)
+        else:  # no read copy: every stored d came from the checkpoint itself, so they fold as they are
+            D, w, gam, gtot = load_records(recd_ptr, recg_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+            sq0, sk0, kqr, kkr = replay_pass(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v,
+                                             mask_v, q_row, k_row, rq, rk, reck_base, o_r, mask_r,
+                                             HK * K, K, FOLD_BK, BV, BR, 0, True, REDUCE_ONCE, NUM_STAGES)
+        d, o = _gdn_out(sq0, sk0, kqr, kkr, alpha, gam, D, w, beta, vv, kq)
         fold_store_dw(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, reck_base,
                       D * w[:, None], o_r, mask_r, gtot, alpha, d, k_row, rk, seed, tl.load(folded_ptr + slot) + cur + 1,
                       (layer * H + i_h).to(tl.int64) * (V * K), HK * K, K, FOLD_BK, BV, READ_COPY, CKPT_SR,

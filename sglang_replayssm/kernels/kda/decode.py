@@ -15,7 +15,7 @@ from ..fold import commit as commit_records, fold as fold_records, fold_program
 from ..layer_views import layer_views
 from ..math_helpers import softplus
 from ..quant_tiles import load_state_chunk
-from ..replay import ring_program, ring_row
+from ..replay import ring_program, ring_row, stored_d
 from ..split_decode import decode_launch_rows, flush_rows, join_stream, on_stream
 from ..tuning import check_tuning, decode_plan, default_warps, fold_gram_columns, KernelTuning, PREP_WARPS
 from .token import _block_v, _check_inputs, _kda_chunk, _kda_fold_store, kda_exact_d, L2_EPS
@@ -31,8 +31,8 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
                     FOLD_BK: tl.constexpr, MKC: tl.constexpr):
     """The body of _kda_decode_kernel for batch row i_b (value block program_id(0), head program_id(1)).
     QK_ROW, V_ROW: the element stride between the tokens' rows of q / k and of v (checks.token_rows). A flush row
-    reads the full-precision checkpoint and the window's exact d's (kda_exact_d), a non-flush row the read copy
-    and the stored d's."""
+    reads the full-precision checkpoint and (beside a read copy) the window's exact d's (kda_exact_d), a non-flush
+    row the read copy and the stored d's."""
     i_v, i_h, i_b, i_hk, slot, cur, o_v, mask_v, o_r, mask_r = ring_row(
         slots_ptr, cursor_ptr, i_b, H, HK, V, BV, BR)
     is_flush = (cur + 1) >= WINDOW
@@ -51,13 +51,15 @@ def _kda_decode_row(i_b, q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, o
     vv = tl.load(v_ptr + i_b * V_ROW + i_h * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     head_rows = (slot * H + i_h) * V
     reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-    if is_flush:   # the window's d's solved again from the fp32 checkpoint and their raw inputs
-        Dr = kda_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
-                         recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + (slot * R * H + i_h) * K, cur, H * V, H,
-                         HK * K, H * K, K, FOLD_BK, MKC, BV, BR)
-    else:
-        Dr = tl.load(recd_ptr + ((slot * R + o_r[:, None]) * H + i_h) * V + o_v[None, :],
-                     mask=mask_r[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    if recv_ptr is not None:   # beside a read copy
+        if is_flush:   # the window's d's solved again from the fp32 checkpoint and their raw inputs
+            Dr = kda_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
+                             recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + (slot * R * H + i_h) * K, cur,
+                             H * V, H, HK * K, H * K, K, FOLD_BK, MKC, BV, BR)
+        else:
+            Dr = stored_d(recd_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
+    else:   # no read copy: every stored d, a flush row's too, came from the checkpoint itself
+        Dr = stored_d(recd_ptr, slot, i_h, o_r, mask_r, o_v, mask_v, H, V, R)
     sq = tl.zeros([BV], dtype=tl.float32)
     sk = tl.zeros([BV], dtype=tl.float32)
     kqr = tl.zeros([BR], dtype=tl.float32)
@@ -215,8 +217,8 @@ def _kda_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc
     """The KDA fold (fold.fold / fold.commit's kernel): records 0..count-1 of each row folded exactly into its
     checkpoint (+ read copy): their d's solved from the checkpoint and their raw inputs (kda_exact_d), then the
     linear fold with per-channel decays (_kda_fold_store), for one layer or several (fold.fold_program; S: the
-    pool's slots). count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's accepted drafts. recd_ptr is not
-    read."""
+    pool's slots). count 0: no-op. FROM_ACCEPTED: counts_ptr holds a commit's accepted drafts. Without raw inputs
+    (recv_ptr None: no read copy) the stored d's fold as they are."""
     i_v, layer, i_h, i_hk, cnt, stream, slot = fold_program(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, layer, S,
                                                             H, HK, WINDOW, FROM_ACCEPTED)
     if cnt > 0:
@@ -225,9 +227,12 @@ def _kda_fold_kernel(slots_ptr, counts_ptr, cursor_ptr, folded_ptr, ckpt_ptr, rc
         mask_v = o_v < V
         head_rows = (slot * H + i_h) * V
         reck_base = reck_ptr + (slot * R * HK + i_hk) * K
-        Dr = kda_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
-                         recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + (slot * R * H + i_h) * K, cnt, H * V, H,
-                         HK * K, H * K, K, BKC, MKC, BV, BR)
+        if recv_ptr is not None:   # beside a read copy: the d's solved again from the checkpoint
+            Dr = kda_exact_d(ckpt_ptr, head_rows, o_v, mask_v, recv_ptr + (slot * R * H + i_h) * V,
+                             recb_ptr + slot * R * H + i_h, reck_base, recg_ptr + (slot * R * H + i_h) * K, cnt,
+                             H * V, H, HK * K, H * K, K, BKC, MKC, BV, BR)
+        else:   # no read copy: the stored d's came from the checkpoint itself
+            Dr = stored_d(recd_ptr, slot, i_h, o_r, o_r < cnt, o_v, mask_v, H, V, R)
         _kda_fold_store(ckpt_ptr, rc_ptr, rs_ptr, rgs_ptr, head_rows, slot * H + i_h, o_v, mask_v, recg_ptr,
                         reck_base, slot, i_h, o_r, o_r < cnt, Dr, recg_ptr, 0.0, recg_ptr,
                         tl.zeros([BV], dtype=tl.float32), reck_ptr, 1.0, seed, stream,
