@@ -41,8 +41,8 @@ STACK_ALLOWED = {("_fold_kernel", "fold nvfp4"): 8, ("_delta_fold_kernel", "fold
                  # The library's tuned split decode (tuning.SPLIT_TUNED): its flush launch folds whole 128-column
                  # rows in 1-2 warps and spills to the stack (Triton 3.6 on the H200: Mamba-2 Nano 208 / 232
                  # bytes). It runs for the 1/16 of the rows that flush, beside the read pass, and measured faster
-                 # than the spill-free launches with more warps (bench/README.md, Kernels, fourth, sixth and seventh
-                 # runs); these pin the amounts so that a change which spills more shows here.
+                 # than the spill-free launches with more warps (docs/history/runs.md, Kernels, fourth, sixth and
+                 # seventh runs); these pin the amounts so that a change which spills more shows here.
                  ("_m2_decode_kernel", "decode fp32 split defaults"): 176,
                  ("_m2_decode_kernel", "decode fp8 split defaults"): 200,
                  # GDN's tensor-core verify in 32-column chunks, the library's choice for a one-wave grid
