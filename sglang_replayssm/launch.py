@@ -190,7 +190,7 @@ def bind_port(host: str, port: int, parser: argparse.ArgumentParser):
 def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     """Validated EngineArgs; parser.error (exit 2, names the flag) on a bad value. The checks that
     need no torch come first, so a bad flag fails before torch is imported."""
-    from .native.auth import check_key
+    from .http_front.auth import check_key
 
     if not 1 <= ns.port <= 65535:
         parser.error(f"--port: must be in 1..65535, got {ns.port}")

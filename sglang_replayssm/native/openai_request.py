@@ -1,6 +1,6 @@
 """OpenAI request parsing for the native server: every field of a completions or chat body checked
 before it reaches the engine. A bad value is a `BadRequest` (400) whose message starts with the field
-and whose `param` names it; `error_response` answers with the one error body (`sglang_replayssm.http_errors`)."""
+and whose `param` names it; `error_response` answers with the one error body (`sglang_replayssm.http_front.errors`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 from fastapi.responses import Response
 
-from sglang_replayssm.http_errors import error_json
+from ..http_front.errors import error_json
 
 from .sampling import MAX_N, MAX_TOP_LOGPROBS, SEED_RANGE
 

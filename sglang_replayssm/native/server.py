@@ -8,7 +8,7 @@ and hashes, never prompt text), GET /v1/replayssm/info (the engine's configurati
 /v1/detokenize (sglang_api.py). A request naming another model than the served one is a 404.
 At start the banner, a capacity line and then a stats line every --stats-log-interval seconds
 (stats_log.py). With `--api-key` every route
-but /health and /metrics needs `Authorization: Bearer <key>` (a 401 otherwise; auth.py). The engine runs in its own process (`engine_process.run_engine`)
+but /health and /metrics needs `Authorization: Bearer <key>` (a 401 otherwise; http_front/auth.py). The engine runs in its own process (`engine_process.run_engine`)
 reached through pyzmq; `EngineClient` routes its output events to the waiting requests.
 
 Every request body is checked before it reaches the engine: anything malformed (not JSON, NaN /
@@ -49,8 +49,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..http_limits import MAX_REQUEST_BYTES, read_limited, too_large_message
 from ..json_checks import field_of, find_invalid
-from .auth import ApiKeyMiddleware
-from .browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
+from ..http_front.auth import ApiKeyMiddleware
+from ..http_front.browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
 from .engine_args import EngineArgs
 from .engine_client import DRAIN_ANSWER_S, DRAINING, EngineClient
 from .metrics import ServerMetrics

@@ -14,7 +14,7 @@ GET  /health_generate    200 once the engine generated one token (503 if it cann
 POST /v1/tokenize        {"prompt": text | [texts] | "messages", "add_special_tokens"} -> {"tokens", "count", "max_model_len"}
 POST /v1/detokenize      {"tokens": ids | [ids]} -> {"text"}.
 Fields SGLang has and the native engine does not implement (constrained decoding, LoRA, images,
-hidden states, prompt logprobs, ...) are a 400 naming them. All routes sit behind --api-key (auth.py).
+hidden states, prompt logprobs, ...) are a 400 naming them. All routes sit behind --api-key (http_front/auth.py).
 """
 
 from __future__ import annotations

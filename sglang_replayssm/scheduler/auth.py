@@ -1,6 +1,6 @@
 """`--api-key` for the Ray router and its replicas' engines.
 
-The router's ingress answers 401 (an OpenAI-style error, `native/auth.py`) to a request on
+The router's ingress answers 401 (an OpenAI-style error, `http_front/auth.py`) to a request on
 /v1/completions, /v1/chat/completions or /v1/models without `Authorization: Bearer <key>`; /health
 and /metrics stay open. Every engine is started with the same `--api-key` (SGLang's and the native
 server's flag), so an engine's port on its node answers no one without it, and each replica's HTTP

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from ray.exceptions import RayActorError, RayTaskError
 
-from ..http_errors import error_json
+from ..http_front.errors import error_json
 
 REPLICA_DOWN_STATUSES = (502, 503, 504)   # an engine that is not serving, not a bad request
 MESSAGE_CHARS = 300                       # longest engine message passed on to a client

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from ..native.browser_guard import LOOPBACK_HOSTS
+from ..http_front.browser_guard import LOOPBACK_HOSTS
 from . import loopback as loopback_mod
 from .errors import SchedulerError
 

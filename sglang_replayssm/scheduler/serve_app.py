@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from ..argparsing import Parser
 from ..http_limits import MAX_REQUEST_BYTES, limit_error
-from ..native.browser_guard import LOOPBACK_HOSTS
+from ..http_front.browser_guard import LOOPBACK_HOSTS
 from .engine_process import ENGINES
 from .errors import SchedulerError
 from .policy import POLICIES, SPILLS, PolicyConfig
@@ -102,7 +102,7 @@ class SchedulerOptions:
         why = limit_error(self.max_request_bytes)
         if why:
             raise SchedulerError("--max-request-bytes", why)
-        from ..native.auth import check_key   # standard library only
+        from ..http_front.auth import check_key   # standard library only
 
         why = check_key(self.api_key) if self.api_key is None or isinstance(self.api_key, str) else "must be a string"
         if why:

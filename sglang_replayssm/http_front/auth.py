@@ -4,7 +4,7 @@ With a key set, every route but OPEN_PATHS answers 401 with an OpenAI-style erro
 request carries the key; /health and /metrics stay open for supervisors and Prometheus. The key is
 compared in constant time. Used by the native server (an ASGI middleware, so it covers every route,
 streaming ones included, without touching the response) and by the Ray router's ingress (`authorized`).
-Standard library only (and `sglang_replayssm.http_errors` for the error body).
+Standard library only (and `errors.py` for the error body).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 from typing import Optional
 
-from sglang_replayssm.http_errors import error_json
+from .errors import error_json
 
 OPEN_PATHS = ("/health", "/metrics")
 UNAUTHORIZED_BODY = error_json(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'",

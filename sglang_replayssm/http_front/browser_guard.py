@@ -14,7 +14,7 @@ loopback, because its own host name now resolves to 127.0.0.1. So, for every HTT
 
 `problem(method, headers, loopback)` is the check; `BrowserGuardMiddleware` applies it to every route of
 the native server; the Ray router calls `problem` on its request routes. Standard library only (and
-`sglang_replayssm.http_errors` for the error body).
+`errors.py` for the error body).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Tuple
 from urllib.parse import urlsplit
 
-from sglang_replayssm.http_errors import error_json
+from .errors import error_json
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 BROWSER_FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
