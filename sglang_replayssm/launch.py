@@ -197,7 +197,7 @@ def engine_args_from(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     why = check_key(getattr(ns, "api_key", None))
     if why:
         parser.error(f"--api-key: {why}")
-    from .http_limits import limit_error
+    from .http_front.body_limit import limit_error
 
     why = limit_error(ns.max_request_bytes)
     if why:

@@ -18,7 +18,7 @@ requests get a 503 and the server exits with status 1 (see `EngineClient`).
 
 Limits: a body larger than `--max-request-bytes` is a 413 naming the limit (from Content-Length, or
 while a chunked body is read: nothing past the limit is kept; the rest is read and dropped, up to
-http_limits.DISCARD_BYTES / DISCARD_S, so that the client, still sending, gets the answer rather than a
+http_front/body_limit.DISCARD_BYTES / DISCARD_S, so that the client, still sending, gets the answer rather than a
 reset connection); a prompt of the context length or more is a 400 before it reaches the engine. Prompts are tokenized by the front end in worker threads
 (`EngineClient.encode`), never in the engine loop. A non-streaming request whose client disconnects
 is aborted in the engine at once (streams already were). SIGTERM drains (`DrainingServer`): new
@@ -47,10 +47,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..http_limits import MAX_REQUEST_BYTES, read_limited, too_large_message
-from ..json_checks import field_of, find_invalid
 from ..http_front.auth import ApiKeyMiddleware
+from ..http_front.body_limit import MAX_REQUEST_BYTES, read_limited, too_large_message
 from ..http_front.browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
+from ..http_front.json_checks import field_of, find_invalid
 from .engine_args import EngineArgs
 from .engine_client import DRAIN_ANSWER_S, DRAINING, EngineClient
 from .metrics import ServerMetrics

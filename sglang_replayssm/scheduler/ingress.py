@@ -36,11 +36,11 @@ from ray import serve
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import RequestCancelledError
 
-from ..http_front.errors import error_json
-from ..http_limits import MAX_REQUEST_BYTES, read_limited, too_large_message
-from ..json_checks import field_of, find_invalid
 from ..http_front.auth import UNAUTHORIZED_BODY, authorized
+from ..http_front.body_limit import MAX_REQUEST_BYTES, read_limited, too_large_message
 from ..http_front.browser_guard import problem
+from ..http_front.errors import error_json
+from ..http_front.json_checks import field_of, find_invalid
 from ..native.openai_response import merged_logprobs
 from .failures import FinalError, ReplicaFailure, is_replica_failure, raise_engine_error, short
 from .metrics import RouterMetrics

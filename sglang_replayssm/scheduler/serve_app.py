@@ -21,7 +21,7 @@ import time
 from typing import Any, Sequence
 
 from ..argparsing import Parser
-from ..http_limits import MAX_REQUEST_BYTES, limit_error
+from ..http_front.body_limit import MAX_REQUEST_BYTES, limit_error
 from ..http_front.browser_guard import LOOPBACK_HOSTS
 from .engine_process import ENGINES
 from .errors import SchedulerError

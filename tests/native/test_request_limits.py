@@ -109,7 +109,7 @@ def test_a_chunked_body_over_the_limit_is_413_and_never_reaches_the_engine(serve
 def test_an_async_client_sending_a_large_body_gets_the_413_not_a_reset(server):
     """Issue 48: httpx's async client (the OpenAI SDK's transport, and the Ray replicas') sending a 64 MiB body got
     a reset connection (ReadError), no answer: the server answered while the body still came and closed the
-    connection on unread data. The rest is now read and dropped first (http_limits.py), never kept."""
+    connection on unread data. The rest is now read and dropped first (http_front/body_limit.py), never kept."""
     rss = engine_rss_mb(server)
     body = b'{"max_tokens": 1, "prompt": "' + b"x" * (64 << 20) + b'"}'
 

@@ -10,7 +10,7 @@ import json
 
 import httpx
 
-from sglang_replayssm.http_limits import MAX_REQUEST_BYTES
+from sglang_replayssm.http_front.body_limit import MAX_REQUEST_BYTES
 
 from .client import complete
 from .engine_setup import ENGINE_MAX_REQUEST_BYTES
