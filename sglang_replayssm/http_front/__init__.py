@@ -5,7 +5,8 @@
 * `auth.py`: `--api-key` (the key check, the native server's middleware);
 * `browser_guard.py`: the Host / Origin / Content-Type checks against browser pages, `LOOPBACK_HOSTS`;
 * `body_limit.py`: `--max-request-bytes` (a body read up to the limit, the rest dropped, the 413's message);
-* `json_checks.py`: NaN / Infinity and lone surrogates anywhere in a parsed body, named by their path.
+* `json_checks.py`: NaN / Infinity and lone surrogates anywhere in a parsed body, named by their path;
+* `openai_response.py`: the OpenAI response bodies and SSE chunks (`Choices`), a stream's logprobs joined.
 
 It imports neither `native` nor `scheduler` (nor ray, nor sglang): both import it.
 """

@@ -51,12 +51,12 @@ from ..http_front.auth import ApiKeyMiddleware
 from ..http_front.body_limit import MAX_REQUEST_BYTES, read_limited, too_large_message
 from ..http_front.browser_guard import LOOPBACK_HOSTS, BrowserGuardMiddleware
 from ..http_front.json_checks import field_of, find_invalid
+from ..http_front.openai_response import Choices
 from .engine_args import EngineArgs
 from .engine_client import DRAIN_ANSWER_S, DRAINING, EngineClient
 from .metrics import ServerMetrics
 from .openai_request import (BadRequest, check_model, engine_error, error_response, parse_messages, parse_prompt,
                              parse_sampling, parse_stream)
-from .openai_response import Choices
 from .sglang_api import add_sglang_routes
 from .stats_log import capacity_line, log_stats
 

@@ -27,9 +27,9 @@ import uuid
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
+from ..http_front.openai_response import sse
 from .openai_request import (BadRequest, _flag, _number, _show, check_model, engine_error, parse_messages,
                              parse_prompt, parse_sampling)
-from .openai_response import sse
 
 # sampling_params key -> the OpenAI field parse_sampling reads it as
 SAMPLING_KEYS = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "temperature": "temperature",

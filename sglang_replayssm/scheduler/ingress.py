@@ -41,7 +41,7 @@ from ..http_front.body_limit import MAX_REQUEST_BYTES, read_limited, too_large_m
 from ..http_front.browser_guard import problem
 from ..http_front.errors import error_json
 from ..http_front.json_checks import field_of, find_invalid
-from ..native.openai_response import merged_logprobs
+from ..http_front.openai_response import merged_logprobs
 from .failures import FinalError, ReplicaFailure, is_replica_failure, raise_engine_error, short
 from .metrics import RouterMetrics
 from .policy import PolicyConfig

@@ -1,7 +1,7 @@
-"""OpenAI response bodies of the native server, built from the engine's output events: the choices of
-one request (n of them, `index` 0..n-1), their logprobs objects, usage, and the SSE chunks of a stream.
+"""OpenAI response bodies, built from an engine's output events (the native server): the choices of one
+request (n of them, `index` 0..n-1), their logprobs objects, usage, and the SSE chunks of a stream.
 
-Logprobs are the model's raw log-probabilities (sampling.py). Completions: `{"tokens", "token_logprobs",
+Logprobs are the model's raw log-probabilities (native/sampling.py). Completions: `{"tokens", "token_logprobs",
 "top_logprobs" (per token: the top entries and the chosen one, token text -> logprob), "text_offset"
 (per token: where its text starts in the choice's text)}`; chat: `{"content": [{"token", "logprob",
 "bytes", "top_logprobs": [...]}]}`. A stream carries each step's entries in that step's chunk.
