@@ -1,12 +1,14 @@
 """The names of the state formats a ReplaySSM pool keeps, and the one check that ties a format to a model.
 
-Standard library only: the command-line flags (``flags.py``) and the pool's configuration
-(``pool/config.py``, which maps the names to torch dtypes) both take their vocabulary from here.
+Standard library only: the command-line flags (``flags.py``), the pool's configuration (``pool/config.py``, which
+maps the names to torch dtypes) and the kernels (``kernels/constants.py``: a read copy's code, the ``READ_COPY``
+constexpr) all take their vocabulary from here.
 """
 
 from __future__ import annotations
 
 READ_COPIES = ("none", "fp8", "nvfp4")
+READ_COPY_CODES = {name: code for code, name in enumerate(READ_COPIES)}   # the kernels' READ_COPY constexpr
 AUTO = "auto"                                 # the read-copy flag's default: chosen per SSM family and device
 FLAG_READ_COPIES = (AUTO,) + READ_COPIES
 CKPT_PRECISIONS = ("fp32", "fp16-sr", "fp64")

@@ -8,6 +8,8 @@ import os
 
 import triton.language as tl
 
+from ..state_formats import READ_COPY_CODES
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -21,4 +23,5 @@ FOLD_PREC = tl.constexpr("ieee" if INTERPRET else "tf32x3")
 DOT_PREC = "ieee" if INTERPRET else "tf32x3"
 
 
-RC_NONE, RC_FP8, RC_NVFP4 = 0, 1, 2
+# a read copy's code in the kernels (their READ_COPY constexpr), from its one name (state_formats.READ_COPIES)
+RC_NONE, RC_FP8, RC_NVFP4 = (READ_COPY_CODES[name] for name in ("none", "fp8", "nvfp4"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..state_formats import READ_COPY_CODES
 from .constants import RC_FP8, RC_NONE, RC_NVFP4
 
 class LayerViews:
@@ -35,7 +36,7 @@ class LayerViews:
         self.R = int(self.rec_d.shape[1])
         self.num_slots = int(self.ckpt.shape[0])
         rc_mode = getattr(cfg, "read_copy", "none")
-        self.rc_mode = {"none": RC_NONE, "fp8": RC_FP8, "nvfp4": RC_NVFP4}[rc_mode]
+        self.rc_mode = READ_COPY_CODES[rc_mode]
         self.rc = pool.rc[layer] if self.rc_mode != RC_NONE else None
         self.rc_scale = pool.rc_scale[layer] if self.rc_mode != RC_NONE else None
         self.rc_gscale = pool.rc_gscale[layer] if self.rc_mode == RC_NVFP4 else None
