@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from ..scheduler.prefix_tree import BLOCK_CHARS, MAX_REPORTED_BLOCKS, block_hashes   # pure Python, no ray
+from ..http_front.prefix_hash import BLOCK_CHARS, MAX_REPORTED_BLOCKS, block_hashes
 from . import sampling
 from .prefix_cache import PrefixCache
 from .request import Request

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import time
 
+from ..http_front.prefix_hash import BLOCK_CHARS
 from ..pool import ReplayStatePool, SSMGeometry
-from ..scheduler.prefix_tree import BLOCK_CHARS   # pure Python, no ray
 from .step_stats import StepStats
 from .admission import Admission
 from .engine_args import EMBEDDED_PREFIX, EngineArgs   # noqa: F401 - re-exported: the engine API

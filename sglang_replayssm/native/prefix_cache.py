@@ -22,7 +22,7 @@ state only a spare slot.
 
 What the engine reports about its entries (GET /v1/replayssm/load) names them without their text:
 `hashes()` (an id of each token sequence) and `block_lists()` (the chained block hashes of each
-entry's decoded text, `scheduler.prefix_tree.block_hashes`, which the Ray router's prefix tree is
+entry's decoded text, `http_front.prefix_hash.block_hashes`, which the Ray router's prefix tree is
 keyed by), computed once when the entry is inserted.
 """
 

@@ -176,7 +176,7 @@ def create_app(client: EngineClient, banner: str | None = None, api_key: str | N
     @app.get("/v1/replayssm/load")
     async def load():
         s = client.stats
-        # no prompt text: cached prefixes as ids and as the router's chained block hashes (prefix_tree.py)
+        # no prompt text: cached prefixes as ids and as the router's chained block hashes (http_front/prefix_hash.py)
         return {k: s.get(k, 0) for k in ("running", "waiting", "free_slots", "total_slots", "batch_size")} | {
             "cached_prefixes": list(s.get("cached_prefixes", [])),
             "cached_prefix_blocks": s.get("cached_prefix_blocks", {"block_chars": 0, "prefixes": []})}

@@ -2,42 +2,22 @@
 
 ReplaySSM checkpoints (and attention KV) are per replica, so a request whose prompt starts with a
 prefix some replica has already processed is cheapest on that replica. The tree is keyed by *block
-hashes* of the prompt text, never by the text itself: the text is cut into fixed-size character
-blocks and block i is named by a chained hash, h_i = sha256(h_{i-1} + block_i) (first 16 hex digits
-shown), so one hash stands for the whole prefix up to the end of its block. A node stands for the
-prefix on its path and remembers, per replica, when that replica last served it. Matching walks the
-hashes of a new prompt and reports, for each replica, how many leading characters it holds.
-
-Engines report the prefixes they hold in the same form (`block_hashes`, e.g. the native engine's
-`cached_prefix_blocks` in GET /v1/replayssm/load): prompt text never leaves an engine, and a hash
-identifies a prefix only to someone who already has its text.
+hashes* of the prompt text, never by the text itself (`http_front/prefix_hash.block_hashes`: one chained
+hash per fixed-size character block, standing for the whole prefix up to the end of its block). A node
+stands for the prefix on its path and remembers, per replica, when that replica last served it. Matching
+walks the hashes of a new prompt and reports, for each replica, how many leading characters it holds.
+Engines report the prefixes they hold in the same form (the native engine's `cached_prefix_blocks` in
+GET /v1/replayssm/load).
 
 Pure Python (no ray): used by the request router inside the ingress process and unit-tested alone.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Iterable, Sequence
 
-BLOCK_CHARS = 16          # the default block size (engines report with it; see PolicyConfig.block_chars)
-HASH_HEX = 16             # hex digits of a block hash kept (64 bits: collisions only cost a cache miss)
-MAX_REPORTED_BLOCKS = 512  # an engine reports at most this many blocks (8192 characters) per prefix
-
-
-def block_hashes(text: str, block_chars: int = BLOCK_CHARS, max_blocks: int | None = None) -> list[str]:
-    """Chained hashes of the full `block_chars`-character blocks of `text` (a shorter tail is dropped):
-    entry i is the first HASH_HEX hex digits of sha256(digest_{i-1} + UTF-8 of block i)."""
-    out: list[str] = []
-    digest = b""
-    stop = len(text) - block_chars + 1
-    if max_blocks is not None:
-        stop = min(stop, max_blocks * block_chars)
-    for i in range(0, stop, block_chars):
-        digest = hashlib.sha256(digest + text[i:i + block_chars].encode("utf-8", "surrogatepass")).digest()
-        out.append(digest.hex()[:HASH_HEX])
-    return out
+from ..http_front.prefix_hash import BLOCK_CHARS, block_hashes
 
 
 class _Node:

@@ -106,7 +106,7 @@ class RouterState:
         """Merge a replica's routing stats: load numbers and the prefixes its engine reports.
 
         `cached_prefix_blocks` ({"block_chars": n, "prefixes": [[hash, ...], ...]}: each prefix the
-        engine holds state for, as the chained block hashes of its text, prefix_tree.block_hashes)
+        engine holds state for, as the chained block hashes of its text, http_front/prefix_hash.block_hashes)
         is merged into the prefix tree when its block size is the tree's. Engines never report
         prompt text. `cached_prefixes` (the native engine's ids of token sequences) is only counted,
         in the metrics."""

@@ -19,7 +19,7 @@ import pytest
 
 from sglang_replayssm import launch
 from sglang_replayssm.scheduler.policy import PREFIX_HIT, PolicyConfig, choose
-from sglang_replayssm.scheduler.prefix_tree import block_hashes
+from sglang_replayssm.http_front.prefix_hash import block_hashes
 from sglang_replayssm.scheduler.state import RouterState
 
 from .live_server import LiveServer

@@ -11,7 +11,7 @@ import pytest
 from sglang_replayssm.flags import ReplaySSMOptions
 from sglang_replayssm.native.engine import Engine, EngineArgs, SamplingParams
 from sglang_replayssm.native.prefix_cache import prefix_hash
-from sglang_replayssm.scheduler.prefix_tree import MAX_REPORTED_BLOCKS, block_hashes
+from sglang_replayssm.http_front.prefix_hash import MAX_REPORTED_BLOCKS, block_hashes
 
 GRID = 16
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)

@@ -140,7 +140,7 @@ def test_load_reports_cached_prefixes(server, client):
     assert all(len(h) == 12 and int(h, 16) >= 0 for h in load["cached_prefixes"])
     # the same entry as the chained block hashes the Ray router's prefix tree is keyed by (never as text):
     # the hashes of the prompt's leading blocks
-    from sglang_replayssm.scheduler.prefix_tree import block_hashes
+    from sglang_replayssm.http_front.prefix_hash import block_hashes
 
     blocks = load["cached_prefix_blocks"]
     (hashes,) = blocks["prefixes"]

@@ -14,8 +14,9 @@ import time
 import httpx
 import pytest
 
-from sglang_replayssm.scheduler.prefix_tree import PrefixTree, block_hashes
 from sglang_replayssm.http_front.body_limit import MAX_REQUEST_BYTES
+from sglang_replayssm.http_front.prefix_hash import block_hashes
+from sglang_replayssm.scheduler.prefix_tree import PrefixTree
 from sglang_replayssm.scheduler.serve_app import ENGINE_BODY_HEADROOM, SchedulerError, build_app, options_from_args
 
 from .client import complete
