@@ -389,22 +389,22 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
     BR = max(16, next_pow2(lv.window))
     fbk = check_flush_block_k(tuning.flush_block_k, N)
     # split: this launch only does the flush rows' work (sized for the fold), beside the others
-    frows, nflush, nfp, min_rows, rows, nw, side = decode_launch_rows("mamba2", method, slots, lv, nw,
-                                                                      tuning.flush_warps, flush_list)
-    with on_stream(side):
-        _m2_decode_kernel[(cdiv(P, BV), H, rows)](
+    launch = decode_launch_rows("mamba2", method, slots, lv, nw, tuning.flush_warps, flush_list)
+    nw = launch.warps
+    with on_stream(launch.stream):
+        _m2_decode_kernel[(cdiv(P, BV), H, launch.grid_rows)](
             # the token's inputs and the output
             x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz, out_ptr=out,
             # the rows, their cursors and fold counts, the split decode's flush list
-            slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=frows, nflush_ptr=nflush,
+            slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=launch.frows, nflush_ptr=launch.nflush,
             # the layer's state: checkpoint, read copy and its scales, the records
             ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
             recg_ptr=lv.rec_g,
-            seed=lv.seed, layer=lv.layer, min_rows=min_rows,
+            seed=lv.seed, layer=lv.layer, min_rows=launch.min_rows,
             H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(N), BR=BR,
             READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, HAS_Z=has_z, **row_strides,
             INTERPRET=INTERPRET, REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, FLUSH_BLOCK_K=fbk,
-            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=nfp, FLUSH_ONLY=method == "split", num_warps=nw)
+            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=launch.flush_row_programs, FLUSH_ONLY=method == "split", num_warps=nw)
     if method == "split":
         prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
         _m2_decode_prep_kernel[(G, Bn)](B_ptr=B, C_ptr=C, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,
@@ -417,7 +417,7 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
             recg_ptr=lv.rec_g, prep_ptr=prep, H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=rbv,
             BKC=block_k or chunk_k(N), BR=BR, READ_COPY=lv.rc_mode, HAS_Z=has_z, REDUCE_ONCE=rnw >= 4, **row_strides,
             NUM_STAGES=check_stages(stages), num_warps=rnw)
-    join_stream(side)
+    join_stream(launch.stream)
     return out
 
 

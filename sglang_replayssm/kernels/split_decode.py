@@ -3,6 +3,7 @@ flush row program folds, and the side stream the flush launch runs on beside the
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 import triton
@@ -94,19 +95,29 @@ def on_stream(s):
     return torch.cuda.stream(s) if s is not None else contextlib.nullcontext()
 
 
-def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps, given=None):
+class DecodeRows(NamedTuple):
+    """The row axis of a decode wrapper's main launch (decode_launch_rows)."""
+    frows: torch.Tensor            # the flush rows' batch indices (fused: the slots, unread)
+    nflush: torch.Tensor           # how many of them (fused: the slots, unread)
+    flush_row_programs: int        # the kernel's FLUSH_ROW_PROGRAMS
+    min_rows: int                  # tuning.flush_rows_min
+    grid_rows: int                 # the launch grid's row axis
+    warps: int                     # the launch's num_warps
+    stream: object                 # the side stream it runs on (split), or None
+
+
+def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps, given=None) -> DecodeRows:
     """The row axis of a decode wrapper's main launch: every batch row for "fused"; for "split" only
     the flush rows (flush_list, or `given`: its (rows, count) computed earlier in the same step, or a
     function returning them, called only here), with the flush launch's warps (flush_launch_warps), the
-    side stream it runs on beside the prep + read launches, and min_rows (tuning.flush_rows_min).
-    Returns (frows, nflush, FLUSH_ROW_PROGRAMS, min_rows, grid rows, warps, stream)."""
+    side stream it runs on beside the prep + read launches, and min_rows (tuning.flush_rows_min)."""
     B = int(slots.shape[0])
     if method != "split":
-        return slots, slots, 1, 1, B, num_warps, None
+        return DecodeRows(slots, slots, 1, 1, B, num_warps, None)
     if given is None:
         frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
     else:
         frows, nflush = check_flush_list(given() if callable(given) else given, B, lv.device)
         nfp = flush_row_programs(B, lv.window)
-    return (frows, nflush, nfp, flush_rows_min(family, B, lv.window), nfp, flush_launch_warps(flush_warps, num_warps),
-            side_stream(lv.device))
+    return DecodeRows(frows, nflush, nfp, flush_rows_min(family, B, lv.window), nfp,
+                      flush_launch_warps(flush_warps, num_warps), side_stream(lv.device))
