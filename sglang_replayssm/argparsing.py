@@ -3,7 +3,7 @@
 * Flags are spelled out in full: argparse's prefix matching is off (`allow_abbrev=False`), so
   `--max-running-request 4` is an unknown flag, never `--max-running-requests`, and a flag meant for SGLang or
   for the replicas' engines is never taken for one of ours that happens to start the same way (what the launcher
-  hands to SGLang: `launch.sglang_flag_problems`).
+  hands to SGLang: `launch_flags.sglang_flag_problems`).
 * An error is one line, `PROG: error: MESSAGE`, exit status 2 (argparse would print the whole usage
   first); an unknown flag close to a known one adds `(did you mean --x?)`.
 

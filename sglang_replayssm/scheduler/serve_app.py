@@ -398,7 +398,7 @@ def engine_argv_error(opts: SchedulerOptions) -> str | None:
 
     argv = list(opts.engine_argv)
     if opts.engine == "native":
-        from ..launch import native_parser
+        from ..launch_flags import native_parser
 
         parser = native_parser()
         unknown = parser.parse_known_args(argv)[1]
@@ -406,7 +406,7 @@ def engine_argv_error(opts: SchedulerOptions) -> str | None:
         return unknown_flags_message(unknown, parser.known_flags()) if unknown else None
     if importlib.util.find_spec("sglang") is None:
         return None
-    from ..launch import sglang_flag_problems
+    from ..launch_flags import sglang_flag_problems
 
     error, notes = sglang_flag_problems(argv)
     for note in notes:
