@@ -395,16 +395,11 @@ def decode(pool, layer, slots, x, dt, A, B, C, D, dt_bias, z=None, *, out=None, 
         _m2_decode_kernel[(cdiv(P, BV), H, launch.grid_rows)](
             # the token's inputs and the output
             x_ptr=x, dt_ptr=dt, A_ptr=A, B_ptr=B, C_ptr=C, D_ptr=D, dtb_ptr=dt_bias, z_ptr=zz, out_ptr=out,
-            # the rows, their cursors and fold counts, the split decode's flush list
-            slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=launch.frows, nflush_ptr=launch.nflush,
-            # the layer's state: checkpoint, read copy and its scales, the records
-            ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
-            recg_ptr=lv.rec_g,
-            seed=lv.seed, layer=lv.layer, min_rows=launch.min_rows,
-            H=H, G=G, K=N, V=P, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(N), BR=BR,
-            READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, HAS_Z=has_z, **row_strides,
-            INTERPRET=INTERPRET, REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, FLUSH_BLOCK_K=fbk,
-            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=launch.flush_row_programs, FLUSH_ONLY=method == "split", num_warps=nw)
+            # the rows, the split decode's flush list, the layer's state (DecodeRows.state_args)
+            **launch.state_args(lv, slots),
+            H=H, G=G, K=N, V=P, BV=BV, BKC=block_k or chunk_k(N), BR=BR, HAS_Z=has_z, **row_strides,
+            REDUCE_ONCE=nw >= 4 and (fbk or block_k or 32) <= 32, FLUSH_BLOCK_K=fbk,
+            NUM_STAGES=check_stages(stages), num_warps=nw)
     if method == "split":
         prep = torch.empty((Bn, G, BR + 1), dtype=torch.float32, device=lv.device)
         _m2_decode_prep_kernel[(G, Bn)](B_ptr=B, C_ptr=C, slots_ptr=slots, cursor_ptr=lv.cursor, reck_ptr=lv.rec_k,

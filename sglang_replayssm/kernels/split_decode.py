@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .checks import cdiv, check, check_tensor, flush_launch_warps, next_pow2
+from .constants import INTERPRET
 from .tuning import flush_rows_min
 
 @triton.jit
@@ -104,6 +105,21 @@ class DecodeRows(NamedTuple):
     grid_rows: int                 # the launch grid's row axis
     warps: int                     # the launch's num_warps
     stream: object                 # the side stream it runs on (split), or None
+    flush_only: bool               # the kernel's FLUSH_ONLY: this launch folds the flush rows only (split)
+
+    def state_args(self, lv, slots) -> dict:
+        """The keyword arguments every family's decode kernel takes alike for this launch: the rows, their cursors
+        and fold counts, the split decode's flush list; the layer's state (checkpoint, read copy and its scales,
+        the records; a delta family's raw inputs, None without a read copy) and the constexprs that describe it."""
+        rc, rs, rgs = lv.rc_args()
+        args = dict(slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=self.frows,
+                    nflush_ptr=self.nflush, ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d,
+                    reck_ptr=lv.rec_k, recg_ptr=lv.rec_g, seed=lv.seed, layer=lv.layer, min_rows=self.min_rows,
+                    R=lv.R, WINDOW=lv.window, READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant,
+                    INTERPRET=INTERPRET, FLUSH_ROW_PROGRAMS=self.flush_row_programs, FLUSH_ONLY=self.flush_only)
+        if lv.family != "mamba2":
+            args.update(recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta)
+        return args
 
 
 def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flush_warps, given=None) -> DecodeRows:
@@ -113,11 +129,11 @@ def decode_launch_rows(family: str, method: str, slots, lv, num_warps: int, flus
     side stream it runs on beside the prep + read launches, and min_rows (tuning.flush_rows_min)."""
     B = int(slots.shape[0])
     if method != "split":
-        return DecodeRows(slots, slots, 1, 1, B, num_warps, None)
+        return DecodeRows(slots, slots, 1, 1, B, num_warps, None, False)
     if given is None:
         frows, nflush, nfp = flush_list(slots, lv.cursor, lv.window)
     else:
         frows, nflush = check_flush_list(given() if callable(given) else given, B, lv.device)
         nfp = flush_row_programs(B, lv.window)
     return DecodeRows(frows, nflush, nfp, flush_rows_min(family, B, lv.window), nfp,
-                      flush_launch_warps(flush_warps, num_warps), side_stream(lv.device))
+                      flush_launch_warps(flush_warps, num_warps), side_stream(lv.device), True)

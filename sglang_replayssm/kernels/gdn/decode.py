@@ -244,16 +244,11 @@ def decode(pool, layer, slots, q, k, v, a, b, A_log, dt_bias, scale=None, *, out
         _gdn_decode_kernel[(cdiv(Dv, BV), H, launch.grid_rows)](
             # the token's inputs and the output
             q_ptr=q, k_ptr=k, v_ptr=v, a_ptr=a, b_ptr=b, alog_ptr=A_log, dtb_ptr=dt_bias, out_ptr=out,
-            # the rows, their cursors and fold counts, the split decode's flush list
-            slots_ptr=slots, cursor_ptr=lv.cursor, folded_ptr=lv.folded, frows_ptr=launch.frows, nflush_ptr=launch.nflush,
-            # the layer's state: checkpoint, read copy and its scales, the records
-            ckpt_ptr=lv.ckpt, rc_ptr=rc, rs_ptr=rs, rgs_ptr=rgs, recd_ptr=lv.rec_d, reck_ptr=lv.rec_k,
-            recg_ptr=lv.rec_g, recv_ptr=lv.rec_v, recb_ptr=lv.rec_beta,
-            scale=scale, seed=lv.seed, layer=lv.layer, min_rows=launch.min_rows,
-            H=H, HK=Hk, K=Dk, V=Dv, R=lv.R, WINDOW=lv.window, BV=BV, BKC=block_k or chunk_k(Dk), BR=BR,
-            READ_COPY=lv.rc_mode, CKPT_SR=lv.ckpt_sr, SHARED_QUANT=lv.shared_quant, EPS=L2_EPS, INTERPRET=INTERPRET,
+            # the rows, the split decode's flush list, the layer's state (DecodeRows.state_args)
+            **launch.state_args(lv, slots), scale=scale,
+            H=H, HK=Hk, K=Dk, V=Dv, BV=BV, BKC=block_k or chunk_k(Dk), BR=BR, EPS=L2_EPS,
             REDUCE_ONCE=nw >= 4 and (block_k or 32) <= 32, QK_ROW=qk_row, V_ROW=v_row,
-            NUM_STAGES=check_stages(stages), FLUSH_ROW_PROGRAMS=launch.flush_row_programs, FLUSH_ONLY=method == "split",
+            NUM_STAGES=check_stages(stages),
             FOLD_BK=16 if lv.rc_mode == RC_NVFP4 else fbk or chunk_k(Dk, min(Dk, 32)), num_warps=nw)
     if method == "split":
         prep = torch.empty((B, Hk, 2 * BR + 3), dtype=torch.float32, device=lv.device)
