@@ -11,6 +11,7 @@ Pure standard library.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,8 +28,39 @@ class EngineStartError(RuntimeError):
     pass
 
 
+# Where free_port looks: above Ray's worker ports (10002-19999 by default) and below the kernel's ephemeral range
+PORT_FLOOR = 20000
+RESERVED_PORTS = frozenset({30000})   # the launcher's and SGLang's default server port
+
+
+def _ephemeral_floor() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections and bind(0) take ports from it)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A free TCP port for a server that binds it later (an engine binds its port seconds after this, once its
+    imports are done). It is drawn at random below the kernel's ephemeral range and above Ray's worker ports: a port
+    from the ephemeral range (what bind(0) returns) could meanwhile become one end of any process's outgoing
+    connection or another bind(0), and Ray's processes open many. The engine would then fail to bind its port, or
+    this replica would find another server answering on it."""
+    floor = _ephemeral_floor()
+    rng = random.SystemRandom()
+    for _ in range(200 if floor - PORT_FLOOR > 1000 else 0):
+        port = rng.randrange(PORT_FLOOR, floor)
+        if port in RESERVED_PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:   # no free port there: the kernel's choice
         s.bind((host, 0))
         return s.getsockname()[1]
 

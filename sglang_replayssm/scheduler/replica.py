@@ -55,8 +55,11 @@ class EngineStreamCut(RuntimeError):
 
 class EngineReplica:
     def __init__(self, engine: str = "native", engine_argv: list[str] | None = None,
-                 startup_timeout_s: float = 600.0, log_dir: str | None = None):
+                 startup_timeout_s: float = 600.0, log_dir: str | None = None, health_timeout_s: float = 24.0):
         ctx = serve.get_replica_context()
+        # how long a health check waits for the engine's /health: a busy or briefly stalled engine whose process
+        # runs is not dead (serve_app passes most of the deployment's health_check_timeout_s)
+        self.health_timeout_s = float(health_timeout_s)
         self.replica_id = ctx.replica_id.unique_id
         log_path = None
         if log_dir:
@@ -148,7 +151,7 @@ class EngineReplica:
             self._m_engine_up.set(0)
             raise RuntimeError(f"engine process of replica {self.replica_id} exited")
         try:
-            r = await self._http().get("/health", timeout=10.0)
+            r = await self._http().get("/health", timeout=self.health_timeout_s)
             ok = r.status_code == 200
         except httpx.HTTPError:
             ok = False

@@ -293,7 +293,7 @@ def build_app(opts: SchedulerOptions):
             request_routing_stats_period_s=opts.stats_period_s,
             request_routing_stats_timeout_s=10.0,
         ),
-    ).bind(opts.engine, engine_argv, opts.startup_timeout_s, opts.log_dir)
+    ).bind(opts.engine, engine_argv, opts.startup_timeout_s, opts.log_dir, engine_health_timeout(opts))
     # The router runs on the head node, beside Serve's controller and its HTTP proxy (HeadOnly): losing a
     # worker node then loses engine replicas only, whose requests the router resumes elsewhere.
     router = serve.deployment(RouterIngress).options(
@@ -386,6 +386,13 @@ def ray_missing_error(e: ImportError | None = None) -> str | None:
         return None
     why = (str(e).splitlines()[0] if str(e) else type(e).__name__) if e is not None else "No module named 'ray'"
     return f"error: --replicas needs Ray Serve, which is not installed ({why}): pip install 'sglang-replayssm[ray]'"
+
+
+def engine_health_timeout(opts: SchedulerOptions) -> float:
+    """How long a replica's health check waits for its engine's /health: 80 % of Serve's health_check_timeout_s, so
+    that an engine that is alive but busy or briefly stalled (a long prefill on a starved CPU) is not taken for dead
+    and its streams cut, while a hung one still fails the check with our message before Serve's own timeout."""
+    return 0.8 * opts.health_check_timeout_s
 
 
 def engine_argv_error(opts: SchedulerOptions) -> str | None:

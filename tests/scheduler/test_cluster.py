@@ -272,7 +272,8 @@ class Frozen:
     unfinished, counted in flight by the router, for as long as the test needs, whatever the machine's
     speed: a 300-token answer of the test model takes about a second, less than a busy 2-core machine
     may take between two steps of a test. `resume()` (SIGCONT) is idempotent. Keep stops short: the
-    replica's health check gives its engine 10 s to answer, then Serve replaces the replica."""
+    replica's health check gives its engine 24 s to answer (serve_app.engine_health_timeout), then Serve
+    replaces the replica."""
 
     def __init__(self, replica_uid):
         self.groups = _engine_groups(replica_uid)
