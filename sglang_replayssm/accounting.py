@@ -74,6 +74,22 @@ METRICS: tuple[Metric, ...] = (
            "the pool's bytes per slot, every SSM layer, on this TP rank (its shard of the heads); times the slots "
            "in use over the running requests (sglang:mamba_used_tokens / sglang:num_running_reqs on SGLang) it is "
            "the SSM state a running request costs"),
+    Metric("replayssm:running_request_bytes", "gauge", "bytes",
+           "SSM state bytes this server reserves per running request (slot bytes x mamba slots per request).",
+           "replayssm:slot_bytes times the mamba slots SGLang reserves per running request under this server's "
+           "radix cache strategy (KVCacheConfigurator._calculate_mamba_ratio: 1 with the radix cache off; with it "
+           "3, plus the track slots: extra_buffer_lazy 1, extra_buffer 2 with the overlap scheduler), on this TP rank; "
+           "the mamba pool's bytes over it bound the running requests", (SGLANG,)),
+    Metric("replayssm:stock_running_request_bytes", "gauge", "bytes",
+           "SSM state bytes stock SGLang reserves per running request for this model (extra_buffer, overlap on).",
+           "SGLang's own slot (its conv and SSM state at --mamba-ssm-dtype) times its slots per running request "
+           "under extra_buffer with the overlap scheduler (its GPU default with the radix cache; 1 slot with the "
+           "radix cache off), on this TP rank", (SGLANG,)),
+    Metric("replayssm:sglang_replayssm_running_request_bytes", "gauge", "bytes",
+           "SSM state bytes SGLang's --enable-linear-replayssm reserves per running request (no_buffer).",
+           "SGLang's own slot times its slots per running request under no_buffer (the strategy its ReplaySSM "
+           "forces with the radix cache; 1 slot with the radix cache off), plus its record ring (per slot for KDA, "
+           "per request for GDN), on this TP rank; 0 for Mamba-2 (no ReplaySSM decode in SGLang)", (SGLANG,)),
     Metric("replayssm:draft_tokens", "counter", "tokens", "Speculative draft tokens proposed",
            "draft tokens the native engine's drafter proposed for verify", (NATIVE,)),
     Metric("replayssm:accepted_draft_tokens", "counter", "tokens", "Speculative draft tokens accepted",
@@ -95,6 +111,8 @@ BY_NAME = {m.name: m for m in METRICS}
 # name -> help of the metrics both engines export (the SGLang plugin exports exactly these)
 COUNTERS = {m.name: m.help for m in METRICS if m.kind == "counter" and m.engines == BOTH}
 GAUGES = {m.name: m.help for m in METRICS if m.kind == "gauge" and m.engines == BOTH}
+# the gauges only the SGLang plugin exports (what SGLang's scheduler reserves per running request)
+SGLANG_GAUGES = {m.name: m.help for m in METRICS if m.kind == "gauge" and m.engines == (SGLANG,)}
 
 
 def panel_description(names) -> str:

@@ -27,10 +27,10 @@ from sglang_replayssm.pool import ReplayStatePool
 
 from .options import active_options
 from .pool import family_of, geometry_of
+from .reservation import CONFIGURATOR_MODULE
 from .tp import tp_rank_label
 
 logger = logging.getLogger(__name__)
-CONFIGURATOR_MODULE = "sglang.srt.mem_cache.kv_cache_configurator"
 
 
 def extra_bytes_per_slot(cache_params, opts, drafts: int, device) -> int:
@@ -73,4 +73,5 @@ def handle_max_mamba_cache(original, self, total_rest_memory):
                 drafts * math.prod(cache_params.shape.temporal) * cache_params.dtype.temporal.itemsize
                 * len(cache_params.layers))
     return result
+
 

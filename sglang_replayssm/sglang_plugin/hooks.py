@@ -23,6 +23,8 @@ def cli_table() -> list[tuple[str, object, HookType]]:
     return [
         ("sglang.srt.server_args.ServerArgs.add_cli_args", cli.add_cli_args, HookType.AFTER),
         ("sglang.srt.server_args.ServerArgs.from_cli_args", cli.from_cli_args, HookType.AROUND),
+        ("sglang.srt.arg_groups.overrides._mamba_radix_cache_resolution", cli.lazy_extra_buffer_by_default,
+         HookType.AROUND),
     ]
 
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import threading
 
-from sglang_replayssm.accounting import COUNTERS, GAUGES
+from sglang_replayssm.accounting import COUNTERS, GAUGES, SGLANG_GAUGES
 
 from .tp import first_rank_of_group
 
-NAMES = tuple(f"{n}_total" for n in COUNTERS) + tuple(GAUGES)
+NAMES = tuple(f"{n}_total" for n in COUNTERS) + tuple(GAUGES) + tuple(SGLANG_GAUGES)
 # the same on every TP rank (the rows' steps, not the shard's bytes): recorded by the first rank only
 PER_SEQUENCE = ("replayssm:flushes_total", "replayssm:nonflush_steps_total", "replayssm:accepted_records_total",
                 "replayssm:rollbacks_total", "replayssm:ring_occupancy")
@@ -44,7 +44,8 @@ def _create() -> dict:
     from prometheus_client import Counter, Gauge
 
     out = {f"{name}_total": Counter(name, doc) for name, doc in COUNTERS.items()}
-    out.update({name: Gauge(name, doc, multiprocess_mode="mostrecent") for name, doc in GAUGES.items()})
+    out.update({name: Gauge(name, doc, multiprocess_mode="mostrecent")
+                for name, doc in (GAUGES | SGLANG_GAUGES).items()})
     return out
 
 

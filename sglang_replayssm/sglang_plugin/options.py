@@ -74,13 +74,6 @@ def check_against_sglang(opts: ReplaySSMOptions, args) -> None:
                 "SGLang's built-in linear ReplaySSM cannot run together with the sglang-replayssm plugin's "
                 "--replayssm-* flags (both replace the same mamba state pool and kernels). Use one: drop "
                 f"{flag}, or drop the --replayssm-* flags (or unset {ENV_VAR}).")
-    strategy = _get(args, "mamba_radix_cache_strategy", "auto")
-    if opts.decode and strategy == "extra_buffer_lazy":
-        raise FlagError(
-            "--mamba-radix-cache-strategy",
-            "'extra_buffer_lazy' is not supported with --replayssm-decode (its lazily allocated and promoted track "
-            "slots are not wired to the ReplaySSM pool, nor tested with it): use 'extra_buffer' (with or without "
-            "--speculative-algorithm) or 'no_buffer'")
     if _get(args, "enable_int8_mamba_checkpoint", False):
         raise FlagError(
             "--enable-int8-mamba-checkpoint",

@@ -46,6 +46,7 @@ from sglang_replayssm.reference.replay import STEP_COUNTS
 from . import metrics
 from .flush_stagger import FlushStagger
 from .options import active_options, ops_backend
+from .reservation import running_request_bytes
 from .step_machine import StepMachine
 from .step_metrics import StepMetrics
 from .sync_check import sync_checked
@@ -221,6 +222,9 @@ class ReplayMambaPool(StepMachine, StepMetrics, _SGLangMambaPool):
             * cache_params.shape.temporal[2] * self._ssm_itemsize
         self.mem_usage = (ours * (size + 1) + _tensor_bytes(self._intermediate_conv_window_phys)) / (1 << 30)
         metrics.set_gauge("replayssm:slot_bytes", ours)
+        reserved = running_request_bytes(cache_params, family, ours)
+        for name, value in (reserved or {}).items():
+            metrics.set_gauge(name, value)
         budget = (size + 1) * (theirs_slot + theirs_spec)
         logger.info(
             "ReplaySSM mamba pool (%s, %d layers, window %d, ckpt %s, read copy %s, %d draft tokens, ops %s), per TP "
@@ -228,6 +232,10 @@ class ReplayMambaPool(StepMachine, StepMetrics, _SGLangMambaPool):
             "per-draft snapshots; in this rank's SGLang memory for %d sequences ReplaySSM fits %d",
             family, nl, cfg.window, cfg.ckpt, cfg.read_copy, drafts, ops.package, tp_rank_label(),
             self.geometry.num_heads, ours, theirs_slot, theirs_spec, size, budget // max(ours, 1) - 1)
+        if reserved:
+            logger.info("ReplaySSM: SSM state bytes reserved per running request on this rank: %d (this server), %d "
+                        "(stock SGLang, extra_buffer with overlap), %d (SGLang --enable-linear-replayssm, no_buffer)",
+                        *reserved.values())
 
     # ------------------------------------------------------------------ SGLang's slot operations
     @sync_checked

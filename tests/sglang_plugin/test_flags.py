@@ -46,9 +46,6 @@ def test_no_flag_leaves_replayssm_off_and_sglang_unchanged():
     (["--replayssm-ckpt-precision", "fp16-sr", "--no-replayssm-decode"], "--replayssm-ckpt-precision"),
     (["--replayssm-decode", "--enable-linear-replayssm"], "--enable-linear-replayssm"),
     (["--replayssm-verify", "--enable-linear-replayssm-spec"], "--enable-linear-replayssm-spec"),
-    (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer_lazy"], "--mamba-radix-cache-strategy"),
-    (["--replayssm-window", "8", "--mamba-radix-cache-strategy", "extra_buffer_lazy", "--speculative-algorithm",
-      "NGRAM"], "--mamba-radix-cache-strategy"),
     (["--replayssm-decode", "--enable-int8-mamba-checkpoint"], "--enable-int8-mamba-checkpoint"),
 ])
 def test_bad_combinations_raise_flag_error_naming_the_flag(argv, flag):
@@ -57,10 +54,12 @@ def test_bad_combinations_raise_flag_error_naming_the_flag(argv, flag):
     assert flag in str(err.value) and err.value.flag == flag
 
 
-@pytest.mark.parametrize("strategy,want", [("extra_buffer", "extra_buffer"), ("auto", "auto")])
+@pytest.mark.parametrize("strategy,want", [("extra_buffer", "extra_buffer"), ("extra_buffer_lazy", "extra_buffer_lazy"),
+                                           ("auto", "auto")])
 def test_radix_strategy_with_speculative_decoding_is_accepted_as_given(strategy, want):
-    """extra_buffer with speculative decoding is supported (track slots at accepted-prefix boundaries,
-    ``spec.py``); ``auto`` is left to SGLang's own resolution, with or without speculative decoding."""
+    """extra_buffer and extra_buffer_lazy with speculative decoding are supported (track slots at accepted-prefix
+    boundaries, ``spec.py``); ``auto`` is resolved later, with the model's config (``cli.lazy_extra_buffer_by_default``:
+    SGLang's choice, its ``extra_buffer`` made lazy)."""
     sa = _parse("--replayssm-window", "8", "--speculative-algorithm", "NGRAM", "--mamba-radix-cache-strategy", strategy)
     assert sa._replayssm_options["window"] == 8
     assert sa.mamba_radix_cache_strategy == want

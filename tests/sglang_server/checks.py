@@ -154,6 +154,23 @@ def plugin_log_says(server: SGLangServer, *needles: str) -> None:
         assert n in line, f"{server.name}: {n!r} not in {line!r}"
 
 
+def running_request_bytes(server: SGLangServer, slots_per_request: int) -> None:
+    """``replayssm:running_request_bytes`` is the slot's bytes times the slots SGLang reserves per running request
+    under this server's strategy; the peers' gauges are SGLang's own slot (the start-up line's "vs SGLang N
+    bytes/slot") times 5 (stock: extra_buffer with overlap) and times 3 plus a record ring (SGLang's ReplaySSM:
+    no_buffer)."""
+
+    text = server.metrics()
+    got = {n: metric_value(text, f"replayssm:{n}") for n in
+           ("slot_bytes", "running_request_bytes", "stock_running_request_bytes",
+            "sglang_replayssm_running_request_bytes")}
+    log = server.log_path.read_text(errors="replace")
+    theirs = int(re.search(r"vs SGLang (\d+) bytes/slot", log).group(1))
+    assert got["slot_bytes"] > 0 and got["running_request_bytes"] == slots_per_request * got["slot_bytes"], got
+    assert got["stock_running_request_bytes"] == 5 * theirs, (got, theirs)
+    assert got["sglang_replayssm_running_request_bytes"] > 3 * theirs, (got, theirs)
+
+
 def served_through_overlay(server: SGLangServer) -> None:
     """A checkpoint as users have it: the server started from the tiny folder exactly as transformers 5 saves it
     (``conftest.TRANSFORMERS5_FOLDERS``), which SGLang 0.5.23 itself cannot read; ``python -m

@@ -40,6 +40,9 @@ NEW_TOKENS = 20
 NGRAM_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "NGRAM",
             "--speculative-num-draft-tokens", "4"]
 XBUF_64 = ["--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval", "64"]
+# SGLang's default strategy, given explicitly so the CPU harness adds no no_buffer of its own: with the overlap scheduler
+# SGLang resolves it to extra_buffer, which the plugin makes extra_buffer_lazy (sglang_plugin/cli.py)
+AUTO_64 = ["--mamba-radix-cache-strategy", "auto", "--mamba-track-interval", "64"]
 NEXTN_TREE_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "NEXTN",
                  "--speculative-num-steps", "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"]
 METRICS_EVERY_STEP = {"SGLANG_REPLAYSSM_METRICS_INTERVAL": "1"}   # metrics pushed at every step: exact counts
@@ -56,8 +59,8 @@ def eagle3_l4(family: str, topk: int, steps: int, draft_tokens: int) -> list[str
 CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "gdn-stock": ("qwen3_next", False, [], {}),
     "gdn-sglang-replayssm": ("qwen3_next", False, ["--enable-linear-replayssm"], {}),
-    # the radix cache's extra_buffer strategy with pages of 16 and the overlap scheduler (track grid 64 tokens)
-    "gdn-L16": ("qwen3_next", True, ["--mamba-radix-cache-strategy", "extra_buffer", "--replayssm-window", "16",
+    # the radix cache's extra_buffer_lazy strategy with pages of 16 and the overlap scheduler (track grid 64 tokens)
+    "gdn-L16": ("qwen3_next", True, ["--mamba-radix-cache-strategy", "extra_buffer_lazy", "--replayssm-window", "16",
                                      "--mamba-track-interval", "64", "--page-size", "16", "--enable-metrics",
                                      "--max-running-requests", "4"], {OVERLAP_ENV: "1"}),
     "gdn-L4-kernels": ("qwen3_next", True, ["--replayssm-window", "4"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
@@ -65,10 +68,11 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     # checkpoint (the delta rule replayed from the records' raw v and beta)
     "gdn-L4-fp16sr-fp8": ("qwen3_next", True, ["--replayssm-window", "4", "--replayssm-ckpt-precision", "fp16-sr",
                                                "--replayssm-read-copy", "fp8"], {}),
-    # NGRAM with the radix cache's extra_buffer strategy and the overlap scheduler (SGLang's defaults on a GPU):
-    # track slots written at accepted-prefix boundaries inside the verify commit (track grid lcm(FLA chunk 64,
-    # page 1, interval) = 64 tokens), the NGRAM worker splicing the previous step's accepted tokens
-    "gdn-ngram": ("qwen3_next", True, [*NGRAM_L4, *XBUF_64], {OVERLAP_ENV: "1"}),
+    # NGRAM with the radix cache's default strategy and the overlap scheduler (SGLang's defaults on a GPU; with the
+    # plugin extra_buffer_lazy): track slots written at accepted-prefix boundaries inside the verify commit (track
+    # grid lcm(FLA chunk 64, page 1, interval) = 64 tokens), the NGRAM worker splicing the previous step's accepted
+    # tokens
+    "gdn-ngram": ("qwen3_next", True, [*NGRAM_L4, *AUTO_64], {OVERLAP_ENV: "1"}),
     # tensor parallelism: two scheduler processes (one per TP rank, joined by gloo), each with its shard of the SSM
     # heads; metrics pushed at every step so the counts a test reads after a request are exact
     "gdn-tp2-ngram": ("qwen3_next", True, ["--tp", "2", *NGRAM_L4, *XBUF_64],

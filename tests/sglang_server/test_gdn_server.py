@@ -1,9 +1,10 @@
 """Qwen3-Next (Gated DeltaNet + MoE) served by the real SGLang server on CPU: stock, SGLang's own
 ReplaySSM, and our plugin at windows 1 / 4 / 16 with the reference ops and the Triton kernels (under
 Triton's interpreter), fp16-sr checkpoints with an fp8 read copy, and NGRAM speculative decoding. The
-window-16 server runs the radix cache's extra_buffer strategy, pages of 16 and the overlap scheduler; the NGRAM
-server runs extra_buffer and the overlap scheduler too (SGLang's defaults on a GPU; track slots written at
-accepted-prefix boundaries by the verify commit).
+window-16 server runs the radix cache's extra_buffer_lazy strategy, pages of 16 and the overlap scheduler; the NGRAM
+server runs SGLang's default strategy with the overlap scheduler, which the plugin resolves to extra_buffer_lazy
+(track slots written at accepted-prefix boundaries by the verify commit). extra_buffer itself is served by the
+Nemotron-H, Kimi Linear, TP-2, MTP and EAGLE3 servers.
 
 SGLang's own ReplaySSM (a peer, not our code: what the H200 benchmarks compare against) runs with
 ``SGLANG_REPLAYSSM_PEER_TESTS=1``: its server adds ~100 s to CI's critical path."""
@@ -36,7 +37,7 @@ def test_plugin_window16_equals_transformers(servers):
     s = servers.get("gdn-L16")
     checks.greedy_equals_transformers(s)
     checks.plugin_log_says(s, "(gdn, 2 layers, window 16, ckpt fp32, read copy none", "ops reference")
-    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer")
+    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer_lazy")
 
 
 def test_plugin_window16_logprobs_equal_stock(servers):
@@ -67,6 +68,12 @@ def test_plugin_window16_metrics_move(servers):
     checks.metrics_move(servers.get("gdn-L16"))
 
 
+def test_plugin_window16_lazy_reserves_four_slots_per_running_request(servers):
+    """extra_buffer_lazy: SGLang reserves 3 + 1 track slots per running request (extra_buffer with the overlap
+    scheduler: 3 + 2), which the gauges report in bytes beside stock's and SGLang's ReplaySSM's."""
+    checks.running_request_bytes(servers.get("gdn-L16"), slots_per_request=4)
+
+
 def test_plugin_triton_kernels_window4_equal_transformers(servers):
     """Started from the folder as transformers 5 saves it (served through an overlay of SGLang's names)."""
     s = servers.get("gdn-L4-kernels")
@@ -93,7 +100,8 @@ def test_plugin_ngram_speculative_equals_greedy_and_commits_by_pointer(servers):
     """SGLang's GPU defaults for NGRAM: the overlap scheduler on (the harness keeps it for speculative decoding on
     CPU too), the worker splicing the previous step's accepted tokens while the next batch is scheduled."""
     s = servers.get("gdn-ngram")
-    checks.server_args_say(s, disable_overlap_schedule=False, speculative_algorithm="NGRAM")
+    checks.server_args_say(s, disable_overlap_schedule=False, speculative_algorithm="NGRAM",
+                           mamba_radix_cache_strategy="extra_buffer_lazy")   # the plugin's resolution of auto
     checks.speculative_commits_by_pointer(s)
 
 
