@@ -82,9 +82,9 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     "m2-L4": ("nemotron_h", True, ["--replayssm-window", "4", "--enable-metrics"], {}),
     "m2-L1-kernels": ("nemotron_h", True, ["--replayssm-window", "1"], {"SGLANG_REPLAYSSM_OPS": "kernels"}),
     "m2-L16-nvfp4": ("nemotron_h", True, ["--replayssm-read-copy", "nvfp4"], {}),
-    # NGRAM as SGLang serves it on a GPU by default: the radix cache's extra_buffer strategy (track grid: the
-    # Mamba-2 chunk, 256 tokens) and the overlap scheduler
-    "m2-ngram": ("nemotron_h", True, [*NGRAM_L4, "--mamba-radix-cache-strategy", "extra_buffer"], {OVERLAP_ENV: "1"}),
+    # NGRAM as SGLang serves it on a GPU by default: the radix cache's default strategy (with the plugin
+    # extra_buffer_lazy; track grid: the Mamba-2 chunk, 256 tokens) and the overlap scheduler
+    "m2-ngram": ("nemotron_h", True, [*NGRAM_L4, "--mamba-radix-cache-strategy", "auto"], {OVERLAP_ENV: "1"}),
     # Kimi Linear (KDA + MLA; the harness picks SGLang's Triton attention backend for MLA)
     "kda-stock": ("kimi_linear", False, [], {}),
     "kda-L4-fp8-kernels": ("kimi_linear", True, ["--replayssm-window", "4", "--replayssm-read-copy", "fp8",

@@ -1,7 +1,7 @@
 """Nemotron-H (Mamba-2) served by the real SGLang server on CPU: stock, and our plugin at windows 1 / 4 / 16
 with the reference ops and the Triton kernels (under Triton's interpreter), an NVFP4 read copy, and NGRAM
-speculative decoding with SGLang's GPU defaults (extra_buffer, the overlap scheduler). (SGLang has no ReplaySSM of
-its own for Mamba-2.)"""
+speculative decoding with SGLang's GPU defaults (the overlap scheduler, and the radix cache strategy SGLang picks:
+extra_buffer, which the plugin makes extra_buffer_lazy). (SGLang has no ReplaySSM of its own for Mamba-2.)"""
 
 from __future__ import annotations
 
@@ -78,9 +78,10 @@ def test_plugin_window16_nvfp4_read_copy_logprobs(servers):
 
 
 def test_plugin_ngram_speculative_equals_greedy_and_commits_by_pointer(servers):
-    """SGLang's GPU defaults with NGRAM: extra_buffer and the overlap scheduler."""
+    """SGLang's GPU defaults with NGRAM: the overlap scheduler and the radix cache's default strategy, which the
+    plugin resolves to extra_buffer_lazy."""
     s = servers.get("m2-ngram")
-    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer")
+    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer_lazy")
     checks.speculative_commits_by_pointer(s)
 
 

@@ -110,7 +110,9 @@ class Cluster:
                "--health-check-period", "1", "--replica-log-dir", str(self.engine_logs),
                "--ray-metrics-port", str(self.metrics_port), "--route-target-batch", str(TARGET_BATCH),
                "--route-min-prefix-chars", str(MIN_PREFIX_CHARS)]
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **{MARKER: SESSION})
+        # the engines push their replayssm: counts at every step (default: every 16 decode steps), so a replica that
+        # served only a few short requests shows them to Prometheus too (the scrape test asserts both replicas' counts)
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", SGLANG_REPLAYSSM_METRICS_INTERVAL="1", **{MARKER: SESSION})
         env.pop("SGLANG_REPLAYSSM_OPTIONS", None)
         self.started = time.monotonic()
         with open(self.log_path, "wb") as log:
