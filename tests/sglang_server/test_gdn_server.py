@@ -68,6 +68,26 @@ def test_plugin_window16_metrics_move(servers):
     checks.metrics_move(servers.get("gdn-L16"))
 
 
+def test_plugin_window16_multi_turn_driver_serves_history_from_the_radix_cache(servers):
+    """``bench/multi_turn.py`` (the multi-turn chat rows of the serving benchmarks), 3 conversations x 3 turns, 2 at
+    once, against the extra_buffer_lazy server: every turn answers in full, and from turn 2 on the history comes
+    from the radix cache (at least the 64-token track point under the shared ~150-token system prompt)."""
+    from bench import multi_turn
+
+    s = servers.get("gdn-L16")
+    r = multi_turn.main(["--url", s.url, "--conversations", "3", "--turns", "3", "--concurrency", "2",
+                         "--system-words", "60", "--question-words", "8", "--max-tokens", "8"])
+    turns, summary = r["turns"], r["summary"]
+    assert len(turns) == 9 and all(t["output_tokens"] == 8 for t in turns), turns
+    assert summary["output_tokens"] == 72 and summary["output_tok_s"] > 0 and summary["ttft_p99_s"] > 0, summary
+    for t in turns:
+        assert t["cached_tokens"] < t["prompt_tokens"], t
+        if t["turn"] > 0:
+            assert t["cached_tokens"] >= 64, t
+    by_turn = summary["cached_share_by_turn"]
+    assert by_turn[1] > 0 and by_turn[2] > 0 and 0 < summary["cached_share"] < 1, summary
+
+
 def test_plugin_window16_lazy_reserves_four_slots_per_running_request(servers):
     """extra_buffer_lazy: SGLang reserves 3 + 1 track slots per running request (extra_buffer with the overlap
     scheduler: 3 + 2), which the gauges report in bytes beside stock's and SGLang's ReplaySSM's."""
