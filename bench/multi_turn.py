@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 WORDS = ("state", "token", "window", "record", "flush", "layer", "model", "cache", "prefix", "decode", "verify",
          "draft", "server", "request", "stream", "batch", "memory", "kernel", "answer", "question", "history",
@@ -45,17 +45,19 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-async def one_turn(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict:
-    """One streamed, greedy ``/generate``: its answer text, token counts and timings."""
+async def one_turn(client: aiohttp.ClientSession, prompt: str, max_tokens: int) -> dict:
+    """One streamed, greedy ``/generate``: its answer text (SGLang streams the whole text so far in each chunk),
+    token counts and timings."""
     body = {"text": prompt, "stream": True,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
     t0 = time.perf_counter()
     ttft, last = None, None
-    async with client.stream("POST", "/generate", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"/generate answered {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+    async with client.post("/generate", json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"/generate answered {r.status}: {(await r.read())[:300]!r}")
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[5:])
             if ttft is None and chunk.get("text"):
@@ -94,8 +96,9 @@ async def run(args) -> dict:
         if args.progress:
             print(f"multi_turn: {done}/{args.conversations} conversations", file=sys.stderr, flush=True)
 
-    limits = httpx.Limits(max_connections=args.concurrency + 4)
-    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=args.concurrency + 4)
+    timeout = aiohttp.ClientTimeout(total=args.timeout)
+    async with aiohttp.ClientSession(base_url=args.url, timeout=timeout, connector=connector) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(one(c) for c in range(args.conversations)))
         duration = time.perf_counter() - t0

@@ -28,12 +28,18 @@ HERE = Path(__file__).resolve().parent
 ENV = os.environ.get
 MAX_RUNNING = int(ENV("FLEET_MAX_RUNNING", "256"))   # FLEET_MAX_RUNNING=128: full-depth servers share one card
 GRAPH = ["--cuda-graph-max-bs-decode", str(MAX_RUNNING)]
-POOL_FLAGS = ["--dtype", "bfloat16", "--mem-fraction-static", "0.9", "--max-running-requests", str(MAX_RUNNING),
+POOL_FLAGS = ["--dtype", "bfloat16", "--mem-fraction-static", ENV("FLEET_MEM_FRACTION", "0.9"),
+              "--max-running-requests", str(MAX_RUNNING),
               "--max-total-tokens", ENV("FLEET_TOTAL_TOKENS", "262144"),
               "--max-mamba-cache-size", str(MAX_RUNNING + 16),
               # random prompts share no prefix; without the radix cache SGLang keeps one mamba slot per request
               "--disable-radix-cache"]
 RADIX = "RADIX"   # in a server's extra flags: keep the radix cache (drops --disable-radix-cache)
+# in a server's extra flags: no fixed pool sizes (drops --max-total-tokens and --max-mamba-cache-size), so the server
+# sizes its KV and mamba pools from --mem-fraction-static (FLEET_MEM_FRACTION: the same for every server, so they
+# compare at equal memory) and its own price of a running request; the rows report what each reached
+EQUAL_MEM = "EQUAL_MEM"
+SIZED_FLAGS = ("--max-total-tokens", "--max-mamba-cache-size")
 NGRAM = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
 NGRAM_CHAIN = ["--speculative-ngram-max-bfs-breadth", "1"]
 # issue 29: SGLANG_REPLAYSSM_SYNC_CHECK=1 makes any host sync in the plugin's step an error (sync_check.py); this
@@ -75,6 +81,12 @@ SERVERS: dict[str, tuple[str, str, list[str]]] = {
     "gdn_stock_radix": ("stock", "qwen3_next", XBUF),
     "gdn_sglang_replayssm_radix": ("stock", "qwen3_next", ["--enable-linear-replayssm", RADIX]),
     "gdn_ours_fp32_radix": ("plugin", "qwen3_next", [*FP32_READ, *XBUF]),
+    # issue 46: the radix cache on at equal memory, each server with SGLang's default strategy (stock: extra_buffer;
+    # SGLang's ReplaySSM: no_buffer, the overlap scheduler off; ours: extra_buffer_lazy) and its own pool sizes
+    "gdn_stock_eq": ("stock", "qwen3_next", [RADIX, EQUAL_MEM]),
+    "gdn_sglang_replayssm_eq": ("stock", "qwen3_next", ["--enable-linear-replayssm", RADIX, EQUAL_MEM]),
+    "gdn_ours_eq": ("plugin", "qwen3_next", [RADIX, EQUAL_MEM]),
+    "gdn_ours_sr_eq": ("plugin", "qwen3_next", ["--replayssm-ckpt-precision", "fp16-sr", RADIX, EQUAL_MEM]),
 }
 ONLY = [s for s in os.environ.get("FLEET_ONLY", "").split(",") if s]
 # stock-vs-other greedy comparisons: (reference, candidate); the NGRAM servers also against stock + NGRAM of their
@@ -86,7 +98,8 @@ PAIRS = [("gdn_stock", n) for n in SERVERS if n.startswith("gdn_") and n != "gdn
         [("m2_stock", n) for n in ("m2_ours_fp32", "m2_ours_fp8", "m2_ours")] + \
         [("gdn_sglang_replayssm", "gdn_ours_fp8"),   # where stock does not fit beside them (an H100)
          ("gdn_sglang_replayssm", "gdn_ours"),
-         ("gdn_sglang_replayssm_ngram", "gdn_ours_fp32_ngram")]
+         ("gdn_sglang_replayssm_ngram", "gdn_ours_fp32_ngram")] + \
+        [("gdn_stock_eq", n) for n in SERVERS if n.endswith("_eq") and n != "gdn_stock_eq"]
 CONCURRENCY = tuple(int(c) for c in ENV("FLEET_CONC", "64,256").split(","))
 INPUT_LEN, OUTPUT_LEN = int(ENV("FLEET_IN", "512")), int(ENV("FLEET_OUT", "256"))
 # FLEET_PROMPTS=1:12,64:256: prompts per concurrency (default: 3 per slot, 2 at 256)
@@ -94,6 +107,12 @@ PROMPTS_PER_CONC = {c: 3 * c for c in CONCURRENCY} | {256: 512} | \
     {int(k): int(v) for k, v in (x.split(":") for x in ENV("FLEET_PROMPTS", "").split(",") if x)}
 # FLEET_ROUNDS=2: every row twice (files NAME_cC.jsonl, then NAME_cC_r2.jsonl), to show the run-to-run spread
 ROUNDS = int(os.environ.get("FLEET_ROUNDS", "1"))
+DATASET = ENV("FLEET_DATASET", "random")
+if DATASET not in ("random", "shared-prefix"):
+    raise SystemExit(f"FLEET_DATASET={DATASET!r}: random or shared-prefix")
+GSP = tuple(int(v) for v in ENV("FLEET_GSP", "32:16:2048:128:256").split(":"))
+if len(GSP) != 5:
+    raise SystemExit("FLEET_GSP: groups:questions per group:shared prefix tokens:question tokens:output tokens")
 
 
 def _servers():
@@ -114,9 +133,18 @@ def _alive(pid: int) -> bool:
 
 
 def server_flags(extra: list[str]) -> list[str]:
-    """The pool and graph flags every server gets, then a server's own (RADIX: the radix cache stays on)."""
-    pool_flags = [f for f in POOL_FLAGS if not (RADIX in extra and f == "--disable-radix-cache")]
-    return [*pool_flags, *GRAPH, *[f for f in extra if f != RADIX]]
+    """The pool and graph flags every server gets, then a server's own (RADIX: the radix cache stays on; EQUAL_MEM:
+    no fixed pool sizes)."""
+    pool_flags, i = [], 0
+    while i < len(POOL_FLAGS):
+        f = POOL_FLAGS[i]
+        if EQUAL_MEM in extra and f in SIZED_FLAGS:
+            i += 2
+            continue
+        if not (RADIX in extra and f == "--disable-radix-cache"):
+            pool_flags.append(f)
+        i += 1
+    return [*pool_flags, *GRAPH, *[f for f in extra if f not in (RADIX, EQUAL_MEM)]]
 
 
 def start(ckpt: Path, state: Path) -> None:
@@ -222,14 +250,33 @@ def _sharegpt(state: Path) -> Path:
     return p
 
 
+def dataset_argv(conc: int, data: Path) -> list[str]:
+    """bench_serving's dataset flags and prompt count: FLEET_DATASET=random (default: fixed lengths FLEET_IN /
+    FLEET_OUT, PROMPTS_PER_CONC prompts) or shared-prefix (its generated-shared-prefix dataset, FLEET_GSP =
+    groups:questions per group:shared prefix tokens:question tokens:output tokens, every group's questions sent;
+    --cache-report: the rows carry the cached-token share)."""
+    if DATASET == "random":
+        return ["--dataset-name", "random", "--dataset-path", str(data), "--random-input-len", str(INPUT_LEN),
+                "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
+                "--num-prompts", str(PROMPTS_PER_CONC[conc])]
+    groups, per_group, system, question, output = GSP
+    return ["--dataset-name", "generated-shared-prefix", "--gsp-num-groups", str(groups), "--gsp-prompts-per-group",
+            str(per_group), "--gsp-system-prompt-len", str(system), "--gsp-question-len", str(question),
+            "--gsp-output-len", str(output), "--num-prompts", str(groups * per_group), "--cache-report"]
+
+
+def row_stem(name: str, conc: int, rnd: int) -> str:
+    """A bench row's file stem: NAME_cC, NAME_cC_rK for round K > 1; a shared-prefix row's NAME is the server's with
+    _gsp (bench/sglang_h200_fleet.py reads it as a server of its own)."""
+    return f"{name}{'_gsp' if DATASET == 'shared-prefix' else ''}_c{conc}" + (f"_r{rnd}" if rnd > 1 else "")
+
+
 def _bench_argv(info: dict, name: str, conc: int, data: Path, row: Path, seed: int) -> list[str]:
     """bench_serving's flags for one row; `seed` picks its prompts (the round: a second round sends new prompts, so
     an NGRAM server's corpus has not seen them, and every server of a round gets the same ones)."""
     model = info["argv"][3]
     return ["--backend", "sglang", "--host", "127.0.0.1", "--port", str(info["port"]), "--model", model,
-            "--tokenizer", model, "--dataset-name", "random", "--dataset-path", str(data),
-            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
-            "--num-prompts", str(PROMPTS_PER_CONC[conc]), "--request-rate", "inf", "--max-concurrency", str(conc),
+            "--tokenizer", model, *dataset_argv(conc, data), "--request-rate", "inf", "--max-concurrency", str(conc),
             "--tokenize-prompt", "--warmup-requests", "4", "--disable-tqdm", "--seed", str(seed), "--tag", name,
             "--output-file", str(row)]
 
@@ -253,7 +300,7 @@ def bench(state: Path, deadline: float) -> None:
     for rnd in range(1, ROUNDS + 1):
         for conc in CONCURRENCY:
             for n in live:
-                row = out / (f"{n}_c{conc}" + (f"_r{rnd}" if rnd > 1 else "") + ".jsonl")
+                row = out / (row_stem(n, conc, rnd) + ".jsonl")
                 if not (row.exists() and row.stat().st_size):
                     rows.append([n, conc, str(row), _bench_argv(st[n], n, conc, data, row, rnd)])
     if not rows:
@@ -305,14 +352,36 @@ def _row_summary(row: Path) -> str:
             f"median TPOT {r.get('median_tpot_ms', 0):.2f} ms, accept {r.get('accept_length')}")
 
 
+# what each server actually ran with (GET /get_server_info after start, not the argv before the harness's defaults)
+SERVER_INFO_KEYS = ("mamba_radix_cache_strategy", "disable_overlap_schedule", "disable_radix_cache", "page_size",
+                    "max_running_requests", "max_total_num_tokens", "max_mamba_cache_size", "mem_fraction_static",
+                    "mamba_track_interval", "speculative_algorithm", "speculative_num_draft_tokens", "version")
+
+
+def server_info(port: int) -> dict | None:
+    """The effective settings of a live server (SERVER_INFO_KEYS of its /get_server_info), None if it does not
+    answer."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_server_info", timeout=10) as r:
+            info = json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+    flat = {**info, **(info.get("internal_states") or [{}])[0]} if isinstance(info, dict) else {}
+    return {k: flat[k] for k in SERVER_INFO_KEYS if k in flat}
+
+
 def report(state: Path, out: Path) -> None:
     st = _state(state)
     res = {"servers": {}, "bench": {}, "compare": (state / "compare.txt").read_text()
            if (state / "compare.txt").exists() else ""}
     for n, info in st.items():
         tok = state / f"tok_{n}.json"
-        res["servers"][n] = {"argv": info["argv"], "alive": _alive(info["pid"]),
-                             "tokens": json.loads(tok.read_text()) if tok.exists() else None}
+        alive = _alive(info["pid"])
+        res["servers"][n] = {"argv": info["argv"], "alive": alive,
+                             "tokens": json.loads(tok.read_text()) if tok.exists() else None,
+                             "server_info": server_info(info["port"]) if alive else None}
     for row in sorted(glob.glob(str(state / "bench" / "*.jsonl"))):
         lines = Path(row).read_text().strip().splitlines()
         if lines:

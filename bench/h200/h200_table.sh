@@ -30,6 +30,13 @@
 #                  and top-5 logprobs of ours against SGLang's ReplaySSM (stock does not fit beside them on an 80 GB
 #                  card); then c128 x 448 prompts (1024 / 512, DEFAULT_PROMPTS), the servers interleaved, twice
 #                  (DEFAULT_SET: other servers)
+#   PHASE=shared   issue 46's row sets 1-2: the radix cache on, stock, SGLang --enable-linear-replayssm and ours, each
+#                  with SGLang's default strategy (extra_buffer / no_buffer / with the plugin extra_buffer_lazy) and
+#                  its pools sized from the same FLEET_MEM_FRACTION (default 0.28: three servers on one card; no fixed
+#                  pool sizes, SHARED_SET: other servers, e.g. gdn_ours_sr_eq); tokens; bench_serving's
+#                  generated-shared-prefix (FLEET_GSP, default 32 groups x 16 questions, a 2048-token prefix, 128-token
+#                  questions, 256 out) at c64 and c128, twice, interleaved; then multi-turn chat (bench/multi_turn.py,
+#                  64 conversations x 8 turns, c64) on each; results.json keeps each server's /get_server_info
 #   PHASE=m2       the full-depth Nemotron-H-shaped echo checkpoint (52 layers, 24 Mamba-2);
 #                  stock, ours (defaults) and ours with the fp8 read copy without drafts, tokens + logprobs,
 #                  (PROF=1: a profile of each at 128 running), rows c128 x 512 and c1 x 24 prompts
@@ -51,6 +58,7 @@ CHAIN=gdn_stock_ngram_chain,gdn_sglang_replayssm_ngram_chain,gdn_ours_fp32_ngram
 M2=${M2_SET:-m2_stock,m2_ours_fp32,m2_ours_fp8}   # M2_SET: fewer, for a card that holds two (an H100)
 RADIX=gdn_stock_radix,gdn_sglang_replayssm_radix,gdn_ours_fp32_radix
 DEFAULT=${DEFAULT_SET:-gdn_sglang_replayssm,gdn_ours}
+SHARED=${SHARED_SET:-gdn_stock_eq,gdn_sglang_replayssm_eq,gdn_ours_eq}
 stop_others() {   # NAMES (comma-separated): stop every server this machine's fleet started but those, to free the card
   [ -f $STATE/servers.json ] || return 0
   $F stop $STATE $(python3 -c "import json,sys;print(' '.join(n for n in json.load(open('$STATE/servers.json')) if n not in sys.argv[1].split(',')))" "$1")
@@ -133,6 +141,16 @@ default)
   FLEET_ONLY=$DEFAULT $F tokens $STATE 240
   $F report $STATE "$OUT"
   bench_rows $DEFAULT 128 128:${DEFAULT_PROMPTS:-448} 2
+  ;;
+shared)
+  export FLEET_MEM_FRACTION=${FLEET_MEM_FRACTION:-0.28}
+  serve $SHARED qwen3_next 240
+  FLEET_DATASET=shared-prefix bench_rows $SHARED 64,128 64:512,128:512 2
+  for n in ${SHARED//,/ }; do
+    port=$(python3 -c "import json;print(json.load(open('$STATE/servers.json'))['$n']['port'])")
+    timeout $(( $(left) / 3 )) python3 $H/src/bench/multi_turn.py --url http://127.0.0.1:$port --conversations 64 \
+      --turns 8 --concurrency 64 --max-tokens 128 --out "$OUT/multi_turn_$n.json" | tail -12
+  done
   ;;
 m2)
   serve $M2 nemotron_h 200

@@ -163,3 +163,35 @@ def test_every_fleet_server_parses_with_sglangs_own_parser():
         assert args.model_path == f"/m/{model}", name
         if "--speculative-ngram-max-bfs-breadth" in extra:
             assert args.speculative_ngram_max_bfs_breadth == 1, name
+
+
+def test_equal_memory_servers_size_their_own_pools():
+    """EQUAL_MEM drops the fixed pool sizes (each server sizes its pools from --mem-fraction-static), RADIX keeps
+    the radix cache; the other pool flags stay, and neither marker reaches SGLang's command line."""
+    flags = fleet.server_flags([fleet.RADIX, fleet.EQUAL_MEM, "--enable-linear-replayssm"])
+    for gone in ("--max-total-tokens", "--max-mamba-cache-size", "--disable-radix-cache", fleet.RADIX,
+                 fleet.EQUAL_MEM):
+        assert gone not in flags, flags
+    assert flags[flags.index("--mem-fraction-static") + 1] == fleet.ENV("FLEET_MEM_FRACTION", "0.9")
+    assert "--max-running-requests" in flags and flags[-1] == "--enable-linear-replayssm"
+    fixed = fleet.server_flags([])
+    assert "--max-mamba-cache-size" in fixed and "--disable-radix-cache" in fixed
+    # a fixed size's value went with its flag: every flag is still followed by its own value
+    assert flags[flags.index("--max-running-requests") + 1] == str(fleet.MAX_RUNNING)
+
+
+def test_shared_prefix_rows(monkeypatch, tmp_path):
+    """FLEET_DATASET=shared-prefix: bench_serving's generated-shared-prefix, every group's questions sent, the cache
+    report on, rows named NAME_gsp_cC (their own server in the gatherer's table)."""
+    monkeypatch.setattr(fleet, "DATASET", "shared-prefix")
+    monkeypatch.setattr(fleet, "GSP", (32, 16, 2048, 128, 256))
+    info = {"port": 30001, "argv": ["serve.py", "plugin", "--model-path", "/m"]}
+    argv = fleet._bench_argv(info, "gdn_ours_eq", 64, tmp_path / "data.json", tmp_path / "row.jsonl", 1)
+    at = lambda f: argv[argv.index(f) + 1]   # noqa: E731
+    assert at("--dataset-name") == "generated-shared-prefix" and at("--num-prompts") == "512"
+    assert (at("--gsp-system-prompt-len"), at("--gsp-output-len"), at("--max-concurrency")) == ("2048", "256", "64")
+    assert "--cache-report" in argv and "--random-input-len" not in argv
+    assert fleet.row_stem("gdn_ours_eq", 64, 2) == "gdn_ours_eq_gsp_c64_r2"
+    assert gather.parse_row(fleet.row_stem("gdn_ours_eq", 128, 1)) == ("gdn_ours_eq_gsp", 128, 1)
+    monkeypatch.setattr(fleet, "DATASET", "random")
+    assert fleet.row_stem("gdn_ours_eq", 64, 1) == "gdn_ours_eq_c64"
