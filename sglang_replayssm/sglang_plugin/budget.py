@@ -73,5 +73,3 @@ def handle_max_mamba_cache(original, self, total_rest_memory):
                 drafts * math.prod(cache_params.shape.temporal) * cache_params.dtype.temporal.itemsize
                 * len(cache_params.layers))
     return result
-
-

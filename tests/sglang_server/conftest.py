@@ -40,8 +40,8 @@ NEW_TOKENS = 20
 NGRAM_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "NGRAM",
             "--speculative-num-draft-tokens", "4"]
 XBUF_64 = ["--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval", "64"]
-# SGLang's default strategy, given explicitly so the CPU harness adds no no_buffer of its own: with the overlap scheduler
-# SGLang resolves it to extra_buffer, which the plugin makes extra_buffer_lazy (sglang_plugin/cli.py)
+# SGLang's default strategy, given explicitly so the CPU harness adds no no_buffer of its own: with the overlap
+# scheduler SGLang resolves it to extra_buffer, which the plugin makes extra_buffer_lazy (sglang_plugin/cli.py)
 AUTO_64 = ["--mamba-radix-cache-strategy", "auto", "--mamba-track-interval", "64"]
 NEXTN_TREE_L4 = ["--replayssm-window", "4", "--enable-metrics", "--speculative-algorithm", "NEXTN",
                  "--speculative-num-steps", "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"]
@@ -95,14 +95,16 @@ CONFIGS: dict[str, tuple[str, bool, list[str], dict]] = {
     # Qwen3-Next + its MTP layer: NEXTN drafts as EAGLE trees (top-2, 2 steps, 4 draft tokens); the harness logs every
     # verify the plugin opens with a draft tree
     "gdn-mtp-tree": ("qwen3_next_mtp", True, NEXTN_TREE_L4, {TREE_LOG_ENV: "1"}),
-    # the same with SGLang's GPU defaults: the overlap scheduler (SGLang's spec-v2 EAGLE worker) and extra_buffer
-    "gdn-mtp-tree-overlap": ("qwen3_next_mtp", True, [*NEXTN_TREE_L4, *XBUF_64], {TREE_LOG_ENV: "1", OVERLAP_ENV: "1"}),
+    # the same with SGLang's GPU defaults: the overlap scheduler (SGLang's spec-v2 EAGLE worker) and the radix cache's
+    # default strategy (extra_buffer_lazy with the plugin)
+    "gdn-mtp-tree-overlap": ("qwen3_next_mtp", True, [*NEXTN_TREE_L4, *AUTO_64], {TREE_LOG_ENV: "1", OVERLAP_ENV: "1"}),
     # EAGLE3 draft heads (SGLang's LlamaForCausalLMEagle3): Qwen3-Next's reads its aux hidden states (layers 1-3),
-    # as trees (top-3, 3 steps, 6 draft tokens) and as chains with SGLang's GPU defaults (overlap, extra_buffer);
+    # as trees (top-3, 3 steps, 6 draft tokens) and as chains with SGLang's GPU defaults (the overlap scheduler, the
+    # default strategy: extra_buffer_lazy with the plugin);
     # Nemotron-H's reads its final hidden state (SGLang 0.5.23 captures no aux states for Nemotron-H), as trees
     "gdn-eagle3-tree": ("qwen3_next", True, eagle3_l4("qwen3_next", 3, 3, 6),
                         {TREE_LOG_ENV: "1", **METRICS_EVERY_STEP}),
-    "gdn-eagle3-chain-overlap": ("qwen3_next", True, [*eagle3_l4("qwen3_next", 1, 3, 4), *XBUF_64],
+    "gdn-eagle3-chain-overlap": ("qwen3_next", True, [*eagle3_l4("qwen3_next", 1, 3, 4), *AUTO_64],
                                  {OVERLAP_ENV: "1", **METRICS_EVERY_STEP}),
     "m2-eagle3-tree": ("nemotron_h", True, eagle3_l4("nemotron_h", 2, 3, 6), {TREE_LOG_ENV: "1", **METRICS_EVERY_STEP}),
 }

@@ -101,10 +101,10 @@ def test_qwen3_next_eagle3_tree_commits_long_accepted_paths(servers, eagle3_head
 
 def test_qwen3_next_eagle3_chain_with_the_overlap_scheduler_and_extra_buffer(servers, eagle3_heads):
     """EAGLE3 chains (top-1) with SGLang's GPU defaults: the overlap scheduler (its spec-v2 EAGLE worker) and the radix
-    cache's extra_buffer strategy; the forced prompt accepts whole chains (CI time: one other prompt, unbatched)."""
+    cache's default strategy (with the plugin extra_buffer_lazy); the forced prompt accepts whole chains (CI time: one other prompt, unbatched)."""
     s = servers.get("gdn-eagle3-chain-overlap")
     checks.server_args_say(s, speculative_algorithm="EAGLE3", speculative_eagle_topk=1, disable_overlap_schedule=False,
-                           mamba_radix_cache_strategy="extra_buffer")
+                           mamba_radix_cache_strategy="extra_buffer_lazy")
     _greedy_and_commits(s, batched=False)
     _forced_acceptance(s, eagle3_heads["qwen3_next"])
 

@@ -22,9 +22,10 @@ def test_nextn_eagle_tree_drafts_equal_greedy_and_commit_by_pointer(servers):
 
 def test_nextn_eagle_tree_drafts_with_the_overlap_scheduler_and_extra_buffer(servers):
     """SGLang's GPU defaults for MTP drafts: the overlap scheduler (its spec-v2 EAGLE worker, another code path
-    than the synchronous one above) and the radix cache's extra_buffer strategy."""
+    than the synchronous one above) and the radix cache's default strategy, which the plugin resolves to
+    extra_buffer_lazy."""
     s = servers.get("gdn-mtp-tree-overlap")
-    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer")
+    checks.server_args_say(s, disable_overlap_schedule=False, mamba_radix_cache_strategy="extra_buffer_lazy")
     _tree_drafts_equal_greedy_and_commit_by_pointer(s, PROMPTS[:1])   # CI time: one prompt, the same checks
 
 
